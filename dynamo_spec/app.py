@@ -1,0 +1,189 @@
+"""The HTTP app: vLLM's OpenAI layer plus health, metrics, auth and metering."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dynamo_spec.engine import MeteredEngineClient
+from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
+from dynamo_spec.settings import Settings
+
+logger = logging.getLogger("dynamo_spec.app")
+
+WATCHDOG_SECONDS = 5.0
+
+
+def openai_error(status: int, message: str, type_: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": None, "code": status}}, status_code=status)
+
+
+def vllm_serving_args(settings: Settings):
+    """The argparse namespace vLLM's serving layer reads, from our settings."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = ["--model", settings.engine.model, "--served-model-name", settings.served_model_name]
+    if settings.engine.tokenizer:
+        argv += ["--tokenizer", settings.engine.tokenizer]
+    return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+
+
+def create_app(
+    settings: Settings,
+    engine: Any,
+    metrics: DynamoSpecMetrics,
+    metrics_registries: Sequence[CollectorRegistry],
+) -> FastAPI:
+    """The FastAPI app serving `engine` (a started vLLM AsyncLLM).
+
+    `metrics_registries` are rendered on /metrics: ours, and the registry that
+    holds vLLM's own `vllm:*` collectors (prometheus_client's default one).
+    """
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.openai.chat_completion.api_router import attach_router as attach_chat
+    from vllm.entrypoints.openai.completion.api_router import attach_router as attach_completion
+    from vllm.entrypoints.openai.models.api_router import attach_router as attach_models
+    from vllm.entrypoints.serve.exception_handling.handlers.http import http_exception_handler
+    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
+
+    client = MeteredEngineClient(engine, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await init_app_state(client, app.state, app.state.args, supported_tasks=await engine.get_supported_tasks())
+        tasks = [
+            asyncio.create_task(_watchdog(app, engine)),
+            asyncio.create_task(_log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    app = FastAPI(title="dynamo-spec", lifespan=lifespan)
+    app.state.args = vllm_serving_args(settings)
+    app.state.engine_client = client
+    app.state.settings = settings
+    attach_models(app)
+    attach_completion(app)
+    attach_chat(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except Exception as exc:  # the engine is dead: say so, don't raise
+            return JSONResponse({"status": "unhealthy", "reason": str(exc) or type(exc).__name__}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        body = b"".join(generate_latest(r) for r in metrics_registries)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    init_exception_handler(app)
+    # Unknown routes and wrong methods raise Starlette's HTTPException: answer in the OpenAI shape too.
+    app.exception_handler(StarletteHTTPException)(http_exception_handler)
+    if settings.server.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()])
+    # Added last = outermost: it also counts the 401s of the API-key check.
+    app.add_middleware(HTTPMetricsMiddleware, metrics=metrics, tenant_header=settings.metrics.tenant_header)
+    return app
+
+
+async def _watchdog(app: FastAPI, engine: Any) -> None:
+    """Stop the server when the engine dies (vLLM's own server does the same)."""
+    while True:
+        await asyncio.sleep(WATCHDOG_SECONDS)
+        try:
+            await engine.check_health()
+        except Exception:
+            logger.error("The engine died; shutting the server down.")
+            server = getattr(app.state, "server", None)
+            if server is not None:
+                server.should_exit = True
+            return
+
+
+async def _log_stats(engine: Any, metrics: DynamoSpecMetrics, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        await engine.do_log_stats()
+        metrics.log_window()
+
+
+def _route_of(app: Any, scope: Scope) -> str:
+    for route in app.router.routes:
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return route.path
+    return "unmatched"
+
+
+class HTTPMetricsMiddleware:
+    """Counts requests by route template and status; sets the request's tenant."""
+
+    def __init__(self, app: ASGIApp, metrics: DynamoSpecMetrics, tenant_header: str | None):
+        self.app = app
+        self.metrics = metrics
+        self.tenant_header = tenant_header.lower().encode() if tenant_header else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = _route_of(scope["app"], scope)
+        tenant = None
+        if self.tenant_header:
+            tenant = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.tenant_header), None)
+        token = current_tenant.set(self.metrics.tenants.label(tenant))
+        status = 500
+        in_flight = self.metrics.http_in_flight.labels(route)
+
+        async def send_wrapper(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        in_flight.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            in_flight.dec()
+            self.metrics.observe_http(route, scope["method"], status)
+            current_tenant.reset(token)
+
+
+class ApiKeyMiddleware:
+    """vLLM's bearer-token check on /v1/*, answering 401 in the OpenAI error shape."""
+
+    def __init__(self, app: ASGIApp, tokens: list[str]):
+        from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+        self.app = app
+        self._check = AuthenticationMiddleware(app, tokens)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope.get("method") != "OPTIONS"
+            and scope["path"].startswith("/v1")
+            and not self._check.verify_token(Request(scope).headers)
+        ):
+            response = openai_error(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'", "Unauthorized")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,133 @@
+"""The `dynamo-spec` command line (also `python -m dynamo_spec`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from dynamo_spec.config_loader import ConfigError, LoadedSettings, effective_config, load_settings
+
+EXIT_CONFIG = 2  # bad configuration or a failed preflight
+
+OVERRIDES_HELP = (
+    "Any setting can follow as an override: --section.field VALUE, e.g. "
+    "--speculative.num_speculative_tokens 3 --server.port 9000 (highest priority, then "
+    "DYNAMO_SPEC_SECTION__FIELD environment variables, then the YAML file)."
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if not getattr(args, "accepts_overrides", False) and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
+    try:
+        return args.func(args) or 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynamo-spec", description="Serve an LLM with speculative decoding on vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = _with_config(sub.add_parser("serve", help="check the config, load the engine and serve the OpenAI API",
+                                        epilog=OVERRIDES_HELP))
+    serve.add_argument("--skip-preflight", action="store_true", help="start even if preflight finds errors")
+    serve.set_defaults(func=cmd_serve)
+
+    config = _with_config(sub.add_parser("config", help="print the effective config and where each value came from",
+                                         epilog=OVERRIDES_HELP))
+    config.add_argument("--json", action="store_true", help="machine-readable output")
+    config.set_defaults(func=cmd_config)
+
+    check = _with_config(sub.add_parser("check", help="preflight: catch a wrong target/draft pairing before loading",
+                                        epilog=OVERRIDES_HELP))
+    check.set_defaults(func=cmd_check)
+
+    prepare = sub.add_parser("prepare-default", help="convert the embedded CPU default model (SmolLM2-135M-Instruct)")
+    prepare.add_argument("--cache-dir", default=".cache/models", help="where converted models are kept (default: %(default)s)")
+    prepare.set_defaults(func=cmd_prepare_default)
+
+    from dynamo_spec import verify  # noqa: F401
+    from dynamo_spec.training import cli as training_cli
+
+    training_cli.register(sub)
+    verify.register(sub)
+    return parser
+
+
+def _with_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
+    parser.set_defaults(accepts_overrides=True)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> LoadedSettings:
+    return load_settings(args.config, args.overrides)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    rows = effective_config(_load(args))
+    if args.json:
+        print(json.dumps([{"field": f, "value": v, "source": s} for f, v, s in rows], indent=2, default=str))
+        return 0
+    width = max(len(f) for f, _, _ in rows)
+    vwidth = min(48, max(len(_show(v)) for _, v, _ in rows))
+    for field, value, source in rows:
+        print(f"{field:<{width}}  {_show(value):<{vwidth}}  {source}")
+    return 0
+
+
+def _show(value: object) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from dynamo_spec.preflight import run_preflight
+
+    loaded = _load(args)
+    problems = run_preflight(loaded.settings)
+    for problem in problems:
+        print(problem, file=sys.stderr if problem.level == "error" else sys.stdout)
+    errors = sum(p.level == "error" for p in problems)
+    if errors:
+        print(f"preflight: {errors} error(s) in {args.config}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"preflight: ok ({args.config})")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dynamo_spec.preflight import run_preflight
+    from dynamo_spec.server import run
+
+    settings = _load(args).settings
+    logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    log = logging.getLogger("dynamo_spec")
+    problems = run_preflight(settings)
+    for problem in problems:
+        if problem.level == "warning":
+            log.warning("\n%s\n!!! %s\n%s", "!" * 78, problem.message, "!" * 78)
+        else:
+            log.error("preflight: %s", problem.message)
+    if any(p.level == "error" for p in problems) and not args.skip_preflight:
+        log.error("preflight failed; fix the config (or pass --skip-preflight to start anyway)")
+        return EXIT_CONFIG
+    run(settings)
+    return 0
+
+
+def cmd_prepare_default(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dynamo_spec.default_model import prepare_default_model
+
+    logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
+    print(prepare_default_model(Path(args.cache_dir)))
+    return 0

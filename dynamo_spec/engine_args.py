@@ -1,0 +1,51 @@
+"""Settings -> vLLM AsyncEngineArgs: one pure function, pinned by unit tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynamo_spec.settings import Settings
+
+
+def speculative_config(settings: Settings) -> dict[str, Any] | None:
+    """The `speculative_config` dict vLLM receives, or None when speculation is off."""
+    spec = settings.speculative
+    if not spec.enabled:
+        return None
+    config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.model is not None:
+        config["model"] = spec.model
+    if spec.draft_tensor_parallel_size is not None:
+        config["draft_tensor_parallel_size"] = spec.draft_tensor_parallel_size
+    config.update(spec.extra)
+    return config
+
+
+def engine_kwargs(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of AsyncEngineArgs (plain data, easy to pin in tests)."""
+    engine = settings.engine
+    kwargs: dict[str, Any] = {
+        "model": engine.model,
+        "tokenizer": engine.tokenizer,
+        "served_model_name": [settings.served_model_name],
+        "dtype": engine.dtype,
+        "max_model_len": engine.max_model_len,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "kv_cache_memory_bytes": int(engine.kv_cache_memory_bytes) if engine.kv_cache_memory_bytes else None,
+        "enforce_eager": engine.enforce_eager,
+        "max_num_seqs": engine.max_num_seqs,
+        "seed": engine.seed,
+        "speculative_config": speculative_config(settings),
+    }
+    if kwargs["speculative_config"] is not None:
+        kwargs["per_request_spec_decode_metrics"] = engine.per_request_spec_decode_metrics
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    kwargs.update(engine.extra)
+    return kwargs
+
+
+def build_engine_args(settings: Settings):  # -> vllm.engine.arg_utils.AsyncEngineArgs
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(**engine_kwargs(settings))

@@ -1,0 +1,299 @@
+"""Preflight: catch a wrong target/draft pairing in seconds, before a slow load.
+
+Each check reads config.json files (and safetensors headers, which are small)
+and reports problems as one line each: what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from dynamo_spec.settings import Settings
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"}
+EAGLE1_ARCHS = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle", "EagleLlama4ForCausalLM", "EagleMiniCPMForCausalLM"}
+UNTRAINED_MARKER = "dynamo_spec_untrained"
+
+
+@dataclass(frozen=True)
+class Problem:
+    level: Literal["error", "warning"]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}"
+
+
+@dataclass
+class Checkpoint:
+    """What preflight knows about a model reference."""
+
+    ref: str
+    config: dict[str, Any]
+    directory: Path | None  # None for a hub id whose config was fetched
+
+    def safetensors_shapes(self) -> dict[str, list[int]]:
+        shapes: dict[str, list[int]] = {}
+        if self.directory is None:
+            return shapes
+        for file in sorted(self.directory.glob("*.safetensors")):
+            with file.open("rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+        return shapes
+
+    def weight_bytes(self) -> int | None:
+        if self.directory is None:
+            return None
+        files = list(self.directory.glob("*.safetensors")) or list(self.directory.glob("*.bin"))
+        return sum(f.stat().st_size for f in files) or None
+
+
+def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Problem]:
+    problems: list[Problem] = []
+    if on_cpu is None:
+        on_cpu = _on_cpu()
+    target = _load(settings.engine.model, "engine.model", problems)
+    spec = settings.speculative
+    draft = None
+    if spec.enabled and spec.model:
+        draft = _load(spec.model, "speculative.model", problems)
+    if target is not None:
+        problems += _check_target(target, on_cpu)
+    if spec.enabled and spec.method in ("eagle", "eagle3") and draft is not None:
+        problems += _check_method(draft, spec.method)
+        if target is not None:
+            problems += _check_pairing(target, draft, spec.method, spec.aux_hidden_state_layer_ids, on_cpu)
+    problems += _check_memory(settings, target, draft, on_cpu)
+    return problems
+
+
+# --- loading -----------------------------------------------------------------
+
+
+def _load(ref: str, field: str, problems: list[Problem]) -> Checkpoint | None:
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            problems.append(Problem("error", f"{field}: {ref} is a file; point it at the checkpoint directory"))
+            return None
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            problems.append(Problem("error", f"{field}: {ref} has no config.json; is it a Hugging Face checkpoint directory?"))
+            return None
+        try:
+            return Checkpoint(ref, json.loads(config_file.read_text()), path)
+        except json.JSONDecodeError as exc:
+            problems.append(Problem("error", f"{field}: {config_file} is not valid JSON ({exc.msg}, line {exc.lineno})"))
+            return None
+    if ref.startswith(("/", "./", "../", "~")) or ref.count("/") != 1:
+        problems.append(Problem("error", f"{field}: directory {ref} does not exist (and it is not a Hugging Face id)"))
+        return None
+    return _load_from_hub(ref, field, problems)
+
+
+def _load_from_hub(ref: str, field: str, problems: list[Problem]) -> Checkpoint | None:
+    from huggingface_hub import constants, hf_hub_download
+
+    config_file = None
+    with contextlib.suppress(Exception):  # already in the local Hugging Face cache?
+        config_file = hf_hub_download(ref, "config.json", local_files_only=True)
+    reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else None
+    if config_file is None and reason is None:
+        if not _reachable(constants.ENDPOINT):
+            reason = "the Hub is not reachable from this machine"
+        else:
+            try:
+                config_file = hf_hub_download(ref, "config.json")
+            except Exception as exc:  # gated, missing, network: all mean "cannot check"
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    if config_file is None:
+        problems.append(
+            Problem(
+                "error",
+                f"{field}: {ref} is not a local directory and its config.json could not be fetched from the "
+                f"Hugging Face Hub ({reason}); download it (huggingface-cli download {ref} --local-dir DIR) "
+                f"and set {field} to DIR, or set HF_TOKEN for a gated model",
+            )
+        )
+        return None
+    return Checkpoint(ref, json.loads(Path(config_file).read_text()), None)
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    parsed = urllib.parse.urlparse(url)
+    try:
+        socket.create_connection((parsed.hostname, parsed.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+# --- checks ------------------------------------------------------------------
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("text_config", config)
+
+
+def _head_size(config: dict[str, Any]) -> int | None:
+    cfg = _text_config(config)
+    if cfg.get("head_dim"):
+        return int(cfg["head_dim"])
+    if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        return cfg["hidden_size"] // cfg["num_attention_heads"]
+    return None
+
+
+def _check_target(target: Checkpoint, on_cpu: bool) -> list[Problem]:
+    head = _head_size(target.config)
+    if on_cpu and head is not None and head not in CPU_HEAD_SIZES:
+        return [Problem("error", f"engine.model: head size {head} is not supported by vLLM's CPU attention "
+                                 f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))}); use a GPU or another model")]
+    return []
+
+
+def is_eagle3_checkpoint(config: dict[str, Any]) -> bool:
+    archs = set(config.get("architectures") or [])
+    eagle_config = config.get("eagle_config") or {}
+    return bool(
+        archs & EAGLE3_ARCHS
+        or config.get("speculators_model_type") == "eagle3"
+        or "draft_vocab_size" in config
+        or "eagle_aux_hidden_state_layer_ids" in eagle_config
+    )
+
+
+def _check_method(draft: Checkpoint, method: str) -> list[Problem]:
+    eagle3 = is_eagle3_checkpoint(draft.config)
+    archs = ", ".join(draft.config.get("architectures") or ["none listed"])
+    if method == "eagle" and eagle3:
+        return [Problem("error", f"speculative.method is 'eagle' but {draft.ref} is an EAGLE-3 checkpoint ({archs}); "
+                                 "set speculative.method: eagle3 (vLLM would fail with KeyError: 'd2t')")]
+    if method == "eagle3" and not eagle3:
+        return [Problem("error", f"speculative.method is 'eagle3' but {draft.ref} is not an EAGLE-3 checkpoint ({archs}); "
+                                 "set speculative.method: eagle, or use an EAGLE-3 draft")]
+    return []
+
+
+def aux_layer_ids(draft_config: dict[str, Any], num_target_layers: int) -> tuple[list[int], str]:
+    """The aux layer ids vLLM will use, and where they come from."""
+    eagle_config = draft_config.get("eagle_config") or {}
+    for ids, where in (
+        (draft_config.get("eagle_aux_hidden_state_layer_ids"), "the draft's config.json"),
+        (eagle_config.get("eagle_aux_hidden_state_layer_ids"), "the draft's config.json (eagle_config)"),
+    ):
+        if ids:
+            return list(ids), where
+    n = num_target_layers
+    return [2, n // 2, n - 3], f"vLLM's default (2, L//2, L-3) for L={n}"
+
+
+def _check_pairing(
+    target: Checkpoint, draft: Checkpoint, method: str, expected_aux: list[int] | None, on_cpu: bool
+) -> list[Problem]:
+    problems: list[Problem] = []
+    tcfg, dcfg = _text_config(target.config), draft.config
+    t_hidden = tcfg.get("hidden_size")
+    d_target_hidden = dcfg.get("target_hidden_size", dcfg.get("hidden_size"))
+    if t_hidden and d_target_hidden and t_hidden != d_target_hidden:
+        problems.append(Problem("error", f"draft {draft.ref} was built for hidden size {d_target_hidden} but the target's is "
+                                         f"{t_hidden}; use a draft trained for this target"))
+    t_vocab, d_vocab = tcfg.get("vocab_size"), dcfg.get("vocab_size")
+    if t_vocab and d_vocab and t_vocab != d_vocab:
+        problems.append(Problem("error", f"vocabulary mismatch: target has {t_vocab} tokens, draft {draft.ref} {d_vocab}; "
+                                         "the draft must be trained for the target's tokenizer"))
+    shapes = draft.safetensors_shapes()
+    draft_vocab = dcfg.get("draft_vocab_size") or d_vocab
+    d2t = next((s for k, s in shapes.items() if k.endswith("d2t")), None)
+    if d2t and draft_vocab and d2t[0] != draft_vocab:
+        problems.append(Problem("error", f"draft {draft.ref}: d2t has {d2t[0]} entries but draft_vocab_size is {draft_vocab}"))
+    head = _head_size(dcfg)
+    if on_cpu and head is not None and head not in CPU_HEAD_SIZES:
+        problems.append(Problem("error", f"draft {draft.ref}: head size {head} is not supported by vLLM's CPU attention"))
+    if method == "eagle3":
+        problems += _check_aux_layers(target, draft, expected_aux, shapes)
+    if dcfg.get(UNTRAINED_MARKER):
+        problems.append(Problem("warning", f"draft {draft.ref} is UNTRAINED (random weights): nothing will be accepted and "
+                                           "speculation only slows decoding; train one with `dynamo-spec train-draft`"))
+    return problems
+
+
+def _check_aux_layers(
+    target: Checkpoint, draft: Checkpoint, expected: list[int] | None, shapes: dict[str, list[int]]
+) -> list[Problem]:
+    n_layers = _text_config(target.config).get("num_hidden_layers")
+    if not n_layers:
+        return []
+    ids, where = aux_layer_ids(draft.config, n_layers)
+    problems: list[Problem] = []
+    if expected is not None and list(expected) != ids:
+        problems.append(Problem("error", f"speculative.aux_hidden_state_layer_ids is {expected} but vLLM will use {ids} from "
+                                         f"{where}; fix one of them (the draft must be trained on the layers it gets)"))
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad:
+        problems.append(Problem("error", f"aux layer ids {ids} ({where}) include {bad}, outside the target's {n_layers} layers "
+                                         "(0..{}); set eagle_aux_hidden_state_layer_ids in the draft's config.json".format(n_layers - 1)))
+    elif len(set(ids)) != len(ids):
+        problems.append(Problem("error", f"aux layer ids {ids} ({where}) collide for a {n_layers}-layer target: vLLM would start "
+                                         "and then crash on the first request; set distinct "
+                                         "eagle_aux_hidden_state_layer_ids in the draft's config.json"))
+    fc = shapes.get("fc.weight") or shapes.get("model.fc.weight")
+    hidden = draft.config.get("target_hidden_size", draft.config.get("hidden_size"))
+    if fc and hidden and fc[1] != hidden * len(ids):
+        problems.append(Problem("error", f"draft {draft.ref}: fc takes {fc[1] // hidden} hidden states but {len(ids)} aux layer "
+                                         f"ids are configured ({ids})"))
+    return problems
+
+
+def _check_memory(settings: Settings, target: Checkpoint | None, draft: Checkpoint | None, on_cpu: bool) -> list[Problem]:
+    need = sum(c.weight_bytes() or 0 for c in (target, draft) if c is not None)
+    if not need:
+        return []
+    kv = int(settings.engine.kv_cache_memory_bytes or 0)
+    if on_cpu:
+        available = _mem_available()
+        what = "available memory"
+    else:
+        available = _gpu_memory() * settings.engine.gpu_memory_utilization / settings.engine.tensor_parallel_size
+        what = f"GPU memory x gpu_memory_utilization {settings.engine.gpu_memory_utilization}"
+    if not available:
+        return []
+    # Weights, KV cache, and ~1 GiB of runtime overhead (measured: ~2 GB RSS for a tiny model on CPU).
+    estimate = need + kv + (1 << 30)
+    if estimate > available:
+        return [Problem("error", f"memory: weights {need / 2**30:.1f} GiB + KV cache {kv / 2**30:.1f} GiB + ~1 GiB runtime "
+                                 f"exceed {what} ({available / 2**30:.1f} GiB); lower engine.kv_cache_memory_bytes "
+                                 "or use a bigger machine")]
+    return []
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _gpu_memory() -> int:
+    import torch
+
+    return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 0
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()

@@ -1,0 +1,178 @@
+"""The settings model: the single source of truth for a dynamo-spec deployment.
+
+Values come from four layers, highest first: command-line overrides
+(``--speculative.num_speculative_tokens 3``), environment variables
+(``DYNAMO_SPEC_SPECULATIVE__NUM_SPECULATIVE_TOKENS=3``), one YAML file, and the
+defaults below. :func:`dynamo_spec.config_loader.load_settings` layers them and
+records where each value came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "DYNAMO_SPEC_"
+ENV_DELIMITER = "__"
+
+# Methods that load a draft checkpoint from `speculative.model`.
+DRAFT_MODEL_METHODS = {"eagle", "eagle3", "draft_model", "medusa", "mlp_speculator"}
+
+
+def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+@functools.cache
+def engine_arg_names() -> frozenset[str]:
+    """Field names of vLLM's AsyncEngineArgs (imported lazily: vLLM is heavy)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+@functools.cache
+def speculative_field_names() -> frozenset[str]:
+    """User-settable fields of vLLM's SpeculativeConfig."""
+    from vllm.config import SpeculativeConfig
+
+    internal = {"target_model_config", "target_parallel_config", "draft_model_config", "draft_parallel_config"}
+    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig)) - internal
+
+
+@functools.cache
+def speculative_methods() -> tuple[str, ...]:
+    from vllm.config.speculative import SpeculativeMethod
+
+    def flatten(tp: Any) -> list[str]:
+        out: list[str] = []
+        for arg in typing.get_args(tp):
+            out.extend([arg] if isinstance(arg, str) else flatten(arg))
+        return out
+
+    return tuple(flatten(SpeculativeMethod))
+
+
+def _check_passthrough(extra: dict[str, Any], known: frozenset[str], typed: set[str], section: str) -> None:
+    for key in extra:
+        if key in typed:
+            raise ValueError(f"'{key}' is a typed field: set {section}.{key} instead of {section}.extra.{key}")
+        if key not in known:
+            raise ValueError(f"'{key}' is not a vLLM option{did_you_mean(key, known)}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerSettings(_Section):
+    host: str = Field("0.0.0.0", description="Interface the HTTP server binds to.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port (API, /health and /metrics).")
+    served_model_name: str | None = Field(None, description="Model name clients send; defaults to engine.model.")
+    api_key: SecretStr | None = Field(None, description="If set, /v1/* requires 'Authorization: Bearer <key>'.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+
+class EngineSettings(_Section):
+    model: str = Field(description="Target model: a local directory or a Hugging Face id.")
+    tokenizer: str | None = Field(None, description="Tokenizer directory or id; defaults to the model's.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32", "half", "float"] = "auto"
+    max_model_len: int | None = Field(None, ge=16, description="Context length; defaults to the model's.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: fraction of GPU memory for vLLM.")
+    kv_cache_memory_bytes: ByteSize | None = Field(
+        None, description="KV-cache size, e.g. '512MiB'. Required on CPU (automatic sizing fails there)."
+    )
+    enforce_eager: bool = Field(False, description="Skip graph capture/compilation: faster start, slower decode.")
+    max_num_seqs: int | None = Field(None, ge=1, description="Maximum concurrent sequences.")
+    seed: int = 0
+    per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
+        "summary", description="Speculative stats on each response (metrics.speculative_decoding)."
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Any other vLLM AsyncEngineArgs field, passed through as is."
+    )
+
+    @field_validator("extra")
+    @classmethod
+    def _known_engine_args(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        typed = set(cls.model_fields) - {"extra"}
+        _check_passthrough(extra, engine_arg_names(), typed | {"speculative_config", "served_model_name"}, "engine")
+        return extra
+
+
+class SpeculativeSettings(_Section):
+    enabled: bool = Field(True, description="Turn speculative decoding off to serve the target alone.")
+    method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
+    model: str | None = Field(None, description="Draft checkpoint: a local directory or a Hugging Face id.")
+    num_speculative_tokens: int = Field(3, ge=1, le=32, description="Tokens the draft proposes per step (k).")
+    draft_tensor_parallel_size: int | None = Field(None, ge=1)
+    aux_hidden_state_layer_ids: list[int] | None = Field(
+        None,
+        description="EAGLE-3: target layers whose hidden states feed the draft. vLLM reads them from the "
+        "draft's config.json; when set here, preflight checks the draft agrees.",
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Any other vLLM SpeculativeConfig field, passed through as is."
+    )
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str) -> str:
+        methods = speculative_methods()
+        if method not in methods:
+            hint = did_you_mean(method, methods) or " (common: eagle3, eagle, ngram, draft_model, mtp, suffix)"
+            raise ValueError(f"unknown method '{method}'{hint}")
+        return method
+
+    @field_validator("extra")
+    @classmethod
+    def _known_speculative_fields(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        typed = {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size"}
+        _check_passthrough(extra, speculative_field_names(), typed, "speculative")
+        return extra
+
+    @model_validator(mode="after")
+    def _draft_model_given(self) -> SpeculativeSettings:
+        if self.enabled and self.method in DRAFT_MODEL_METHODS and not self.model:
+            raise ValueError(f"method '{self.method}' needs a draft checkpoint: set speculative.model")
+        return self
+
+
+class MetricsSettings(_Section):
+    window_seconds: float = Field(60.0, gt=0, description="Trailing window of the acceptance gauges.")
+    log_interval_seconds: float = Field(10.0, gt=0, description="Interval of the acceptance log line.")
+    tenant_header: str | None = Field(None, description="Request header whose value labels request metrics.")
+    max_tenants: int = Field(20, ge=1, description="Distinct tenant label values; more fold into 'other'.")
+
+
+class Settings(BaseSettings):
+    """Everything a deployment needs, in one model."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_DELIMITER, extra="forbid", validate_assignment=True
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    engine: EngineSettings
+    speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource, *args: Any, **kwargs: Any
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # config_loader.load_settings layers file, environment and command line
+        # itself (to record each value's source) and passes the result here.
+        return (init_settings,)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.server.served_model_name or self.engine.model
