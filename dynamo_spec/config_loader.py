@@ -220,9 +220,12 @@ def _explain(exc: ValidationError, sources: dict[Path_, str], config_file: str |
     lines = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        message = err["msg"].removeprefix("Value error, ")
+        if not loc and ": " in message:  # a cross-field check names its field first
+            head, message = message.split(": ", 1)
+            loc = tuple(head.split("."))
         field = ".".join(loc) or "settings"
         where = _lookup(sources, loc) or (str(config_file) if config_file else "defaults")
-        message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             parent = _model_at(loc[:-1])
             hint = did_you_mean(loc[-1], parent.model_fields) if parent else ""

@@ -70,9 +70,12 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
     if target is not None:
         problems += _check_target(target, on_cpu)
     if spec.enabled and spec.method in ("eagle", "eagle3") and draft is not None:
-        problems += _check_method(draft, spec.method)
+        method_problems = _check_method(draft, spec.method)
+        problems += method_problems
         if target is not None:
-            problems += _check_pairing(target, draft, spec.method, spec.aux_hidden_state_layer_ids, on_cpu)
+            # With the wrong method, the EAGLE-3 layer checks would only repeat the same mistake.
+            eagle3 = spec.method == "eagle3" and not method_problems
+            problems += _check_pairing(target, draft, eagle3, spec.aux_hidden_state_layer_ids, on_cpu)
     problems += _check_memory(settings, target, draft, on_cpu)
     return problems
 
@@ -199,7 +202,7 @@ def aux_layer_ids(draft_config: dict[str, Any], num_target_layers: int) -> tuple
 
 
 def _check_pairing(
-    target: Checkpoint, draft: Checkpoint, method: str, expected_aux: list[int] | None, on_cpu: bool
+    target: Checkpoint, draft: Checkpoint, eagle3: bool, expected_aux: list[int] | None, on_cpu: bool
 ) -> list[Problem]:
     problems: list[Problem] = []
     tcfg, dcfg = _text_config(target.config), draft.config
@@ -208,6 +211,7 @@ def _check_pairing(
     if t_hidden and d_target_hidden and t_hidden != d_target_hidden:
         problems.append(Problem("error", f"draft {draft.ref} was built for hidden size {d_target_hidden} but the target's is "
                                          f"{t_hidden}; use a draft trained for this target"))
+        return problems  # the finer checks below assume matching sizes
     t_vocab, d_vocab = tcfg.get("vocab_size"), dcfg.get("vocab_size")
     if t_vocab and d_vocab and t_vocab != d_vocab:
         problems.append(Problem("error", f"vocabulary mismatch: target has {t_vocab} tokens, draft {draft.ref} {d_vocab}; "
@@ -215,12 +219,12 @@ def _check_pairing(
     shapes = draft.safetensors_shapes()
     draft_vocab = dcfg.get("draft_vocab_size") or d_vocab
     d2t = next((s for k, s in shapes.items() if k.endswith("d2t")), None)
-    if d2t and draft_vocab and d2t[0] != draft_vocab:
+    if eagle3 and d2t and draft_vocab and d2t[0] != draft_vocab:
         problems.append(Problem("error", f"draft {draft.ref}: d2t has {d2t[0]} entries but draft_vocab_size is {draft_vocab}"))
     head = _head_size(dcfg)
     if on_cpu and head is not None and head not in CPU_HEAD_SIZES:
         problems.append(Problem("error", f"draft {draft.ref}: head size {head} is not supported by vLLM's CPU attention"))
-    if method == "eagle3":
+    if eagle3:
         problems += _check_aux_layers(target, draft, expected_aux, shapes)
     if dcfg.get(UNTRAINED_MARKER):
         problems.append(Problem("warning", f"draft {draft.ref} is UNTRAINED (random weights): nothing will be accepted and "

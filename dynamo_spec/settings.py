@@ -139,12 +139,6 @@ class SpeculativeSettings(_Section):
         _check_passthrough(extra, speculative_field_names(), typed, "speculative")
         return extra
 
-    @model_validator(mode="after")
-    def _draft_model_given(self) -> SpeculativeSettings:
-        if self.enabled and self.method in DRAFT_MODEL_METHODS and not self.model:
-            raise ValueError(f"method '{self.method}' needs a draft checkpoint: set speculative.model")
-        return self
-
 
 class MetricsSettings(_Section):
     window_seconds: float = Field(60.0, gt=0, description="Trailing window of the acceptance gauges.")
@@ -172,6 +166,16 @@ class Settings(BaseSettings):
         # config_loader.load_settings layers file, environment and command line
         # itself (to record each value's source) and passes the result here.
         return (init_settings,)
+
+    @model_validator(mode="after")
+    def _draft_model_given(self) -> Settings:
+        spec = self.speculative
+        if spec.enabled and spec.method in DRAFT_MODEL_METHODS and not spec.model:
+            raise ValueError(
+                f"speculative.model: method '{spec.method}' needs a draft checkpoint: set speculative.model "
+                "(or speculative.enabled: false to serve without speculation)"
+            )
+        return self
 
     @property
     def served_model_name(self) -> str:

@@ -1,0 +1,52 @@
+"""Shared fixtures: vLLM kept inside a temp folder and offline; tiny models built once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.tiny_models import build_fixture_set, isolated_vllm_env
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any engine starts: vLLM's caches, sockets and configs go to a temp
+    # folder (inherited by the engine's spawned processes and by servers we start).
+    root = Path(tempfile.mkdtemp(prefix="dynamo-spec-tests-"))
+    os.environ.update(isolated_vllm_env(root))
+    config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny target/draft pairs; see tests/fixtures/tiny_models.py."""
+    cache = os.environ.get("DYNAMO_SPEC_TEST_MODELS")
+    root = Path(cache) if cache else tmp_path_factory.mktemp("tiny-models")
+    return build_fixture_set(root)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def write_config(tmp_path: Path):
+    """Write a YAML config into the test's temp folder and return its path."""
+    import yaml
+
+    def write(data: dict, name: str = "config.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> Iterator[str]:
+    yield "asyncio"

@@ -1,0 +1,96 @@
+"""Start a real `dynamo-spec serve` process for tests and stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_config(target: Path, draft: Path | None, *, k: int = 3, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A config for the tiny fixtures (CPU settings from the notes)."""
+    config: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "served_model_name": "tiny"},
+        "engine": {
+            "model": str(target), "dtype": "bfloat16", "max_model_len": 512,
+            "kv_cache_memory_bytes": "256MiB", "enforce_eager": True,
+        },
+        "speculative": (
+            {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}
+            if draft is not None else {"enabled": False}
+        ),
+    }
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
+    return config
+
+
+class ServerProcess:
+    """`python -m dynamo_spec serve` in its own process group, on a free port."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, *, extra_args: list[str] = (), env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / f"server-{self.port}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / f"server-{self.port}.log"
+        self.argv = [sys.executable, "-m", "dynamo_spec", "serve", "--config", str(self.config_path),
+                     "--server.port", str(self.port), *extra_args]
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 240) -> ServerProcess:
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        finally:
+            self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def metrics(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=10).text

@@ -1,0 +1,80 @@
+"""The settings -> AsyncEngineArgs function, pinned for the shipped configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamo_spec.config_loader import load_settings
+from dynamo_spec.engine_args import build_engine_args, engine_kwargs
+
+pytestmark = pytest.mark.unit
+
+
+def test_gpu_default_mirrors_the_dynamo_guide(repo_root):
+    settings = load_settings(repo_root / "configs/llama-3.1-8b-instruct-eagle3.yaml", [], {}).settings
+    assert settings.server.port == 8000
+    assert engine_kwargs(settings) == {
+        "model": "meta-llama/Meta-Llama-3.1-8B-Instruct",
+        "served_model_name": ["meta-llama/Meta-Llama-3.1-8B-Instruct"],
+        "dtype": "auto",
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.8,
+        "enforce_eager": True,
+        "seed": 0,
+        "speculative_config": {
+            "method": "eagle3",
+            "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+            "num_speculative_tokens": 2,
+            "draft_tensor_parallel_size": 1,
+        },
+        "per_request_spec_decode_metrics": "summary",
+    }
+
+
+def test_cpu_default(repo_root):
+    settings = load_settings(repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", [], {}).settings
+    assert engine_kwargs(settings) == {
+        "model": str(repo_root / ".cache/models/SmolLM2-135M-Instruct"),
+        "served_model_name": ["SmolLM2-135M-Instruct"],
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "kv_cache_memory_bytes": 512 * 2**20,
+        "enforce_eager": True,
+        "seed": 0,
+        "speculative_config": {
+            "method": "eagle3",
+            "model": str(repo_root / "models/smollm2-135m-instruct-eagle3"),
+            "num_speculative_tokens": 3,
+        },
+        "per_request_spec_decode_metrics": "summary",
+    }
+
+
+def test_pass_through_and_speculation_off(repo_root):
+    settings = load_settings(
+        repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml",
+        ["--engine.extra.block_size", "32", "--speculative.enabled", "false", "--engine.max_num_seqs", "4"],
+        {},
+    ).settings
+    kwargs = engine_kwargs(settings)
+    assert kwargs["block_size"] == 32 and kwargs["max_num_seqs"] == 4
+    assert "speculative_config" not in kwargs and "per_request_spec_decode_metrics" not in kwargs
+
+
+def test_speculative_pass_through(repo_root):
+    settings = load_settings(
+        repo_root / "configs/llama-3.1-8b-instruct-eagle3.yaml",
+        ["--speculative.extra.disable_padded_drafter_batch", "true"], {},
+    ).settings
+    assert engine_kwargs(settings)["speculative_config"]["disable_padded_drafter_batch"] is True
+
+
+def test_builds_real_engine_args(repo_root, tiny_models):
+    overrides = ["--engine.model", str(tiny_models["target"]), "--speculative.model", str(tiny_models["draft"])]
+    settings = load_settings(repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", overrides, {}).settings
+    args = build_engine_args(settings)
+    assert type(args).__name__ == "AsyncEngineArgs"
+    assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 3}
+    assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"

@@ -1,0 +1,158 @@
+"""Preflight rejects each bad target/draft pairing, on generated checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dynamo_spec.config_loader import load_settings
+from dynamo_spec.preflight import run_preflight
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def pair(tmp_path: Path, tiny_models: dict[str, Path]):
+    """Copies of the tiny target and draft, and a helper to edit their config.json."""
+    target = shutil.copytree(tiny_models["target"], tmp_path / "target")
+    draft = shutil.copytree(tiny_models["draft"], tmp_path / "draft")
+
+    def edit(directory: Path, **changes) -> None:
+        path = directory / "config.json"
+        config = json.loads(path.read_text())
+        for key, value in changes.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        path.write_text(json.dumps(config))
+
+    return target, draft, edit
+
+
+def check(target, draft, *overrides: str, method: str = "eagle3", on_cpu: bool = True) -> list[str]:
+    config = {
+        "engine": {"model": str(target), "kv_cache_memory_bytes": "256MiB"},
+        "speculative": {"method": method, "model": str(draft), "num_speculative_tokens": 3},
+    }
+    path = Path(str(target) + ".yaml")
+    path.write_text(yaml.safe_dump(config))
+    settings = load_settings(path, list(overrides), {}).settings
+    return [str(p) for p in run_preflight(settings, on_cpu=on_cpu)]
+
+
+def only_error(problems: list[str]) -> str:
+    errors = [p for p in problems if p.startswith("error:")]
+    assert len(errors) == 1, problems
+    return errors[0]
+
+
+def test_matching_pair_passes(pair):
+    target, draft, _ = pair
+    assert check(target, draft) == []
+
+
+def test_missing_directories(pair, tmp_path):
+    target, draft, _ = pair
+    problem = only_error(check(tmp_path / "nope", draft))
+    assert "engine.model" in problem and "does not exist" in problem
+    problem = only_error(check(target, tmp_path / "nodraft"))
+    assert "speculative.model" in problem and "does not exist" in problem
+
+
+def test_directory_without_config_json(pair):
+    target, draft, _ = pair
+    (draft / "config.json").unlink()
+    assert "has no config.json" in only_error(check(target, draft))
+
+
+def test_hub_id_without_hub_access_is_one_clear_line(pair):
+    target, _, _ = pair
+    problem = only_error(check(target, "someone/some-eagle3-draft"))
+    assert "not a local directory" in problem and "huggingface-cli download someone/some-eagle3-draft" in problem
+    assert "\n" not in problem
+
+
+def test_method_eagle_with_an_eagle3_checkpoint(pair):
+    target, draft, _ = pair
+    problem = only_error(check(target, draft, method="eagle"))
+    assert "set speculative.method: eagle3" in problem and "KeyError: 'd2t'" in problem
+
+
+def test_method_eagle3_with_an_eagle1_checkpoint(pair):
+    target, draft, edit = pair
+    edit(draft, architectures=["EagleLlamaForCausalLM"], draft_vocab_size=None, eagle_config=None)
+    assert "is not an EAGLE-3 checkpoint" in only_error(check(target, draft))
+
+
+def test_hidden_size_mismatch(pair):
+    target, draft, edit = pair
+    edit(draft, hidden_size=256, target_hidden_size=256)
+    assert "built for hidden size 256 but the target's is 128" in only_error(check(target, draft))
+
+
+def test_vocabulary_mismatch(pair):
+    target, draft, edit = pair
+    edit(draft, vocab_size=1024)
+    assert "vocabulary mismatch: target has 512 tokens" in only_error(check(target, draft))
+
+
+def test_aux_layer_ids_out_of_range(pair):
+    target, draft, edit = pair
+    edit(draft, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 7]})
+    assert "outside the target's 4 layers" in only_error(check(target, draft))
+
+
+def test_aux_layer_ids_collide_with_vllm_default_on_a_small_target(pair):
+    target, draft, edit = pair
+    edit(draft, eagle_config={"use_aux_hidden_state": True})  # no ids: vLLM's default (2, 2, 1)
+    problem = only_error(check(target, draft))
+    assert "[2, 2, 1]" in problem and "collide" in problem and "crash on the first request" in problem
+
+
+def test_configured_aux_ids_must_match_the_draft(pair):
+    target, draft, _ = pair
+    problem = only_error(check(target, draft, "--speculative.aux_hidden_state_layer_ids", "[0, 1, 2]"))
+    assert "is [0, 1, 2] but vLLM will use [1, 2, 3]" in problem
+
+
+def test_head_size_unsupported_on_cpu_only(pair):
+    target, draft, edit = pair
+    edit(target, head_dim=48)
+    assert "head size 48 is not supported by vLLM's CPU attention" in only_error(check(target, draft))
+    assert check(target, draft, on_cpu=False) == []
+
+
+def test_memory_estimate(pair):
+    target, draft, _ = pair
+    problem = only_error(check(target, draft, "--engine.kv_cache_memory_bytes", "100TiB"))
+    assert problem.startswith("error: memory:") and "lower engine.kv_cache_memory_bytes" in problem
+
+
+def test_untrained_draft_is_a_loud_warning(pair):
+    target, draft, edit = pair
+    edit(draft, dynamo_spec_untrained=True)
+    (problem,) = check(target, draft)
+    assert problem.startswith("warning:") and "UNTRAINED" in problem
+
+
+def test_cli_check_exit_code_and_one_line_per_problem(pair):
+    target, draft, edit = pair
+    edit(draft, vocab_size=1024, hidden_size=256, target_hidden_size=256)
+    path = Path(str(target) + ".yaml")
+    path.write_text(yaml.safe_dump({
+        "engine": {"model": str(target), "kv_cache_memory_bytes": "256MiB"},
+        "speculative": {"method": "eagle", "model": str(draft)},
+    }))
+    result = subprocess.run([sys.executable, "-m", "dynamo_spec", "check", "--config", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3, result.stderr
+    assert "Traceback" not in result.stderr
