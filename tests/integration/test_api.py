@@ -1,0 +1,137 @@
+"""The OpenAI-compatible API of a real server (real vLLM engine, tiny models), via the official client."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import requests
+
+from tests.server import ServerProcess, tiny_config
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "test-key"
+PROMPTS = ["What is the capital of France?", "Write a poem about the sea.", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    config = tiny_config(
+        tiny_models["target"], tiny_models["draft"],
+        server={"api_key": API_KEY}, metrics={"tenant_header": "X-Tenant"},
+    )
+    with ServerProcess(config, tmp_path_factory.mktemp("api")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def spec_stats(response) -> dict:
+    return response.model_extra["metrics"]["speculative_decoding"]
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_chat_completion_with_speculative_stats(client):
+    response = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello! How are you today?"}], max_tokens=16, temperature=0,
+    )
+    assert response.choices[0].message.role == "assistant"
+    assert response.usage.completion_tokens > 0
+    stats = spec_stats(response)
+    assert stats["num_spec_tokens"] == 3 and stats["num_spec_steps"] > 0
+    assert stats["num_draft_tokens"] == 3 * stats["num_spec_steps"]
+    assert 1.0 <= stats["mean_acceptance_length"] <= 4.0
+
+
+def test_chat_completion_streaming_ends_with_stats(client):
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Write a poem about the sea."}], max_tokens=16,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    final = chunks[-1]
+    assert final.choices == [] and final.usage.completion_tokens == 16
+    assert final.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+
+
+def test_completion_streaming_equals_non_streaming(client):
+    full = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=20, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=20, temperature=0, stream=True) if c.choices)
+    assert streamed == full.choices[0].text
+    assert spec_stats(full)["num_spec_steps"] > 0
+
+
+def test_greedy_output_identical_without_speculation(client, tiny_models, tmp_path_factory):
+    with_spec = [client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
+                                           extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+    config = tiny_config(tiny_models["target"], None)
+    with ServerProcess(config, tmp_path_factory.mktemp("plain")) as plain:
+        plain_client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
+        without = [plain_client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
+                                                   extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+        plain_response = plain_client.completions.create(model="tiny", prompt="x", max_tokens=2)
+        assert (plain_response.model_extra.get("metrics") or {}).get("speculative_decoding") is None
+    assert with_spec == without
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, 400, "max_tokens"),
+        ({"model": "tiny"}, 400, None),
+        ({"model": "tiny", "messages": "hello"}, 400, None),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, 400, None),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, 400, None),
+        ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_server_stays_up(server, body, status, param):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = requests.post(server.url + "/v1/chat/completions", data=data, timeout=30,
+                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"} and error["message"]
+    if param:
+        assert param in (error["param"] or "")
+    assert requests.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_unknown_route_and_wrong_method_are_openai_shaped(server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    r = requests.get(server.url + "/v1/nope", headers=headers, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+    r = requests.get(server.url + "/v1/chat/completions", headers=headers, timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["code"] == 405
+
+
+def test_api_key_is_required_on_v1_only(server):
+    r = requests.get(server.url + "/v1/models", timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "Unauthorized"
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert requests.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_metrics_endpoint_serves_ours_and_vllms(server, client):
+    client.completions.create(model="tiny", prompt="Hello", max_tokens=8, temperature=0,
+                              extra_headers={"X-Tenant": "team-a"})
+    text = server.metrics()
+    assert 'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"}' in text
+    assert 'method="eagle3",model="tiny",num_speculative_tokens="3"' in text  # dynamo_spec_info
+    assert 'dynamo_spec_http_requests_total{method="POST",route="/v1/completions",status="200"}' in text
+    assert 'dynamo_spec_http_requests_total{method="GET",route="/v1/models",status="401"}' in text
+    assert 'dynamo_spec_request_completion_tokens_total{model="tiny",tenant="team-a"} 8.0' in text
+    assert 'dynamo_spec_time_to_first_token_seconds_count{model="tiny",tenant="team-a"} 1.0' in text
