@@ -76,6 +76,7 @@ def create_app(
     app.state.args = vllm_serving_args(settings)
     app.state.engine_client = client
     app.state.settings = settings
+    app.state.engine_dead = False
     attach_models(app)
     attach_completion(app)
     attach_chat(app)
@@ -111,6 +112,7 @@ async def _watchdog(app: FastAPI, engine: Any) -> None:
             await engine.check_health()
         except Exception:
             logger.error("The engine died; shutting the server down.")
+            app.state.engine_dead = True
             server = getattr(app.state, "server", None)
             if server is not None:
                 server.should_exit = True

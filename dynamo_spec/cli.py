@@ -115,8 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if any(p.level == "error" for p in problems) and not args.skip_preflight:
         log.error("preflight failed; fix the config (or pass --skip-preflight to start anyway)")
         return EXIT_CONFIG
-    run(settings)
-    return 0
+    return run(settings)
 
 
 def cmd_prepare_default(args: argparse.Namespace) -> int:

@@ -140,10 +140,10 @@ def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[Path_, s
         path: "env " + ENV_PREFIX + ENV_DELIMITER.join(path).upper()
         for path in _leaf_paths(data)
     }
-    unknown = sorted(
+    unknown = sorted(  # DYNAMO_SPEC_<SECTION>__<FIELD> with a section that does not exist
         k for k in environ
-        if k.upper().startswith(ENV_PREFIX) and k.upper()[len(ENV_PREFIX):].split(ENV_DELIMITER)[0].lower()
-        not in Settings.model_fields
+        if k.upper().startswith(ENV_PREFIX) and ENV_DELIMITER in k
+        and k.upper()[len(ENV_PREFIX):].split(ENV_DELIMITER)[0].lower() not in Settings.model_fields
     )
     if unknown:
         raise ConfigError(

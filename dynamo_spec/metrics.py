@@ -240,6 +240,10 @@ class DynamoSpecMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        # Series exist from the start (at 0), so rate() sees the first requests too.
+        for family in (self.prompt_tokens, self.completion_tokens, self.request_acceptance_length,
+                       self.request_acceptance_rate, self.ttft, self.itl, self.e2e):
+            family.labels(model, "default")
         # HTTP. PromQL error ratio: sum(rate(..{status=~"5.."}[5m])) / sum(rate(..[5m]))
         self.http_requests = Counter(
             "dynamo_spec_http_requests", "HTTP requests by route, method and status code.",

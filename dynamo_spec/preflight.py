@@ -243,10 +243,10 @@ def _check_aux_layers(
     if expected is not None and list(expected) != ids:
         problems.append(Problem("error", f"speculative.aux_hidden_state_layer_ids is {expected} but vLLM will use {ids} from "
                                          f"{where}; fix one of them (the draft must be trained on the layers it gets)"))
-    bad = [i for i in ids if not 0 <= i < n_layers]
+    bad = [i for i in ids if not 0 <= i <= n_layers]  # id i: the hidden state after i layers
     if bad:
         problems.append(Problem("error", f"aux layer ids {ids} ({where}) include {bad}, outside the target's {n_layers} layers "
-                                         "(0..{}); set eagle_aux_hidden_state_layer_ids in the draft's config.json".format(n_layers - 1)))
+                                         f"(0..{n_layers}); set eagle_aux_hidden_state_layer_ids in the draft's config.json"))
     elif len(set(ids)) != len(ids):
         problems.append(Problem("error", f"aux layer ids {ids} ({where}) collide for a {n_layers}-layer target: vLLM would start "
                                          "and then crash on the first request; set distinct "

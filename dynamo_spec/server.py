@@ -31,7 +31,8 @@ def build_metrics(settings: Settings, registry: CollectorRegistry) -> DynamoSpec
     )
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings) -> int:
+    """Serve until stopped; the exit status is 1 if the engine died, else 0."""
     registry = CollectorRegistry()
     metrics = build_metrics(settings, registry)
     async with open_engine(settings, stat_loggers=[metrics.stat_logger_factory()]) as engine:
@@ -44,7 +45,8 @@ async def serve(settings: Settings) -> None:
         app.state.server = server
         logger.info("Serving %s on http://%s:%d", settings.served_model_name, settings.server.host, settings.server.port)
         await server.serve()
+        return 1 if app.state.engine_dead else 0
 
 
-def run(settings: Settings) -> None:
-    asyncio.run(serve(settings))
+def run(settings: Settings) -> int:
+    return asyncio.run(serve(settings))

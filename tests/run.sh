@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command: installs what the suite needs from nothing, then runs it.
+#
+#   bash tests/run.sh [pytest args]      e.g. bash tests/run.sh -m unit
+#
+# Installs (once): the project's .venv with the CPU/GPU vLLM build and test extras,
+# and, as root, the Debian packages `prometheus` and `docker-compose` (real
+# Prometheus and promtool for the metrics tests; compose-file validation).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/env.sh"
+cd "$DYNAMO_SPEC_ROOT"
+
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo ">>> apt-get install ${missing[*]}" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  else
+    echo ">>> warning: ${missing[*]} not installed and not root: those tests will fail or skip" >&2
+  fi
+fi
+
+ensure_venv
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 TOKENIZERS_PARALLELISM=false
+exec "$DYNAMO_SPEC_VENV/bin/python" -m pytest "$@"
