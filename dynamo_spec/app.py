@@ -42,7 +42,7 @@ def vllm_serving_args(settings: Settings):
 def create_app(
     settings: Settings,
     engine: Any,
-    metrics: DynamoSpecMetrics,
+    metrics: DynamoSpecMetrics | None,
     metrics_registries: Sequence[CollectorRegistry],
 ) -> FastAPI:
     """The FastAPI app serving `engine` (a started vLLM AsyncLLM).
@@ -57,7 +57,7 @@ def create_app(
     from vllm.entrypoints.serve.exception_handling.handlers.http import http_exception_handler
     from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 
-    client = MeteredEngineClient(engine, metrics)
+    client = MeteredEngineClient(engine, metrics) if metrics is not None else engine
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,8 +99,9 @@ def create_app(
     app.exception_handler(StarletteHTTPException)(http_exception_handler)
     if settings.server.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()])
-    # Added last = outermost: it also counts the 401s of the API-key check.
-    app.add_middleware(HTTPMetricsMiddleware, metrics=metrics, tenant_header=settings.metrics.tenant_header)
+    if metrics is not None:
+        # Added last = outermost: it also counts the 401s of the API-key check.
+        app.add_middleware(HTTPMetricsMiddleware, metrics=metrics, tenant_header=settings.metrics.tenant_header)
     return app
 
 
@@ -119,11 +120,12 @@ async def _watchdog(app: FastAPI, engine: Any) -> None:
             return
 
 
-async def _log_stats(engine: Any, metrics: DynamoSpecMetrics, interval: float) -> None:
+async def _log_stats(engine: Any, metrics: DynamoSpecMetrics | None, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         await engine.do_log_stats()
-        metrics.log_window()
+        if metrics is not None:
+            metrics.log_window()
 
 
 def _route_of(app: Any, scope: Scope) -> str:

@@ -34,8 +34,9 @@ def build_metrics(settings: Settings, registry: CollectorRegistry) -> DynamoSpec
 async def serve(settings: Settings) -> int:
     """Serve until stopped; the exit status is 1 if the engine died, else 0."""
     registry = CollectorRegistry()
-    metrics = build_metrics(settings, registry)
-    async with open_engine(settings, stat_loggers=[metrics.stat_logger_factory()]) as engine:
+    metrics = build_metrics(settings, registry) if settings.metrics.enabled else None
+    stat_loggers = [metrics.stat_logger_factory()] if metrics is not None else []
+    async with open_engine(settings, stat_loggers=stat_loggers) as engine:
         app = create_app(settings, engine, metrics, metrics_registries=[registry, REGISTRY])
         config = uvicorn.Config(
             app, host=settings.server.host, port=settings.server.port,

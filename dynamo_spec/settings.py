@@ -141,6 +141,7 @@ class SpeculativeSettings(_Section):
 
 
 class MetricsSettings(_Section):
+    enabled: bool = Field(True, description="false: /metrics serves only vLLM's own series (no dynamo_spec_*).")
     window_seconds: float = Field(60.0, gt=0, description="Trailing window of the acceptance gauges.")
     log_interval_seconds: float = Field(10.0, gt=0, description="Interval of the acceptance log line.")
     tenant_header: str | None = Field(None, description="Request header whose value labels request metrics.")
