@@ -41,7 +41,7 @@ def write_config(tmp_path: Path):
 
     def write(data: dict, name: str = "config.yaml") -> Path:
         path = tmp_path / name
-        path.write_text(yaml.safe_dump(data))
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
     return write

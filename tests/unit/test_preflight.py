@@ -144,7 +144,7 @@ def test_untrained_draft_is_a_loud_warning(pair):
 
 def test_cli_check_exit_code_and_one_line_per_problem(pair):
     target, draft, edit = pair
-    edit(draft, vocab_size=1024, hidden_size=256, target_hidden_size=256)
+    edit(draft, hidden_size=256, target_hidden_size=256)
     path = Path(str(target) + ".yaml")
     path.write_text(yaml.safe_dump({
         "engine": {"model": str(target), "kv_cache_memory_bytes": "256MiB"},
@@ -154,5 +154,5 @@ def test_cli_check_exit_code_and_one_line_per_problem(pair):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 3, result.stderr
+    assert len(errors) == 2, result.stderr  # wrong method, wrong hidden size
     assert "Traceback" not in result.stderr
