@@ -54,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--cache-dir", default=".cache/models", help="where converted models are kept (default: %(default)s)")
     prepare.set_defaults(func=cmd_prepare_default)
 
-    # WIRE-TRAINING: training_cli.register(sub); verify.register(sub)
+    from dynamo_spec import verify
+    from dynamo_spec.training import cli as training_cli
+
+    training_cli.register(sub)
+    verify.register(sub)
     return parser
 
 

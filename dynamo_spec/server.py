@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 
 import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -50,4 +51,12 @@ async def serve(settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    return asyncio.run(serve(settings))
+    # uvicorn stops on SIGINT/SIGTERM, then re-raises the signal. SIGTERM's default
+    # action would kill this process before the engine's context manager shuts the
+    # engine down, orphaning EngineCore; as KeyboardInterrupt it unwinds through it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        logger.info("Stopped.")
+        return 0

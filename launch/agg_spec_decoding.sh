@@ -47,11 +47,15 @@ stop() {
   trap - INT TERM EXIT
   if kill -0 "$server" 2>/dev/null; then
     echo ">>> Stopping the server" >&2
-    kill -TERM -- "-$server" 2>/dev/null || true
+    kill -TERM "$server" 2>/dev/null || true  # it shuts its engine down, then exits
     for _ in $(seq 1 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$server" 2>/dev/null || true
+    kill -0 "$server" 2>/dev/null && kill -KILL -- "-$server" 2>/dev/null
   fi
   wait "$server" 2>/dev/null || true
+  if kill -0 -- "-$server" 2>/dev/null; then
+    echo ">>> Killing what is left of the server's process group" >&2
+    kill -KILL -- "-$server" 2>/dev/null || true
+  fi
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM

@@ -39,6 +39,20 @@ def tiny_config(target: Path, draft: Path | None, *, k: int = 3, **sections: dic
     return config
 
 
+def _group_members(pgid: int) -> list[str]:
+    """Live processes of a process group (the server and what it spawned)."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(f"{proc.pid} {proc.info['name']}")
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return members
+
+
 class ServerProcess:
     """`python -m dynamo_spec serve` in its own process group, on a free port."""
 
@@ -74,16 +88,21 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 30) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        """SIGTERM the server; it must exit and take its engine processes with it."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        leftovers = _group_members(self.proc.pid)
+        if leftovers:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        finally:
-            self._log.close()
+        self._log.close()
+        assert not leftovers, f"processes left after SIGTERM: {leftovers}\n{self.log()[-3000:]}"
         return self.proc.returncode
 
     def __enter__(self) -> ServerProcess:
