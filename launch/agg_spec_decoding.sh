@@ -43,19 +43,22 @@ read -r host port name < <("$python" -m dynamo_spec config --config "$config" "$
 set -m  # the server gets its own process group: we can stop all of it
 "$python" -m dynamo_spec serve --config "$config" --skip-preflight "$@" &
 server=$!
+# Live (not zombie) members of the server's process group.
+group_alive() { ps -eo pgid=,stat=,comm= | awk -v g="$server" '$1 == g && $2 !~ /^Z/ {print $3}'; }
+
 stop() {
   trap - INT TERM EXIT
   if kill -0 "$server" 2>/dev/null; then
     echo ">>> Stopping the server" >&2
     kill -TERM "$server" 2>/dev/null || true  # it shuts its engine down, then exits
     for _ in $(seq 1 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
-    kill -0 "$server" 2>/dev/null && kill -KILL -- "-$server" 2>/dev/null
   fi
-  wait "$server" 2>/dev/null || true
-  if kill -0 -- "-$server" 2>/dev/null; then
-    echo ">>> Killing what is left of the server's process group" >&2
+  for _ in $(seq 1 10); do [ -z "$(group_alive)" ] && break; sleep 0.5; done  # helpers exiting
+  if [ -n "$(group_alive)" ]; then
+    echo ">>> Killing what is left of the server's process group: $(group_alive | tr '\n' ' ')" >&2
     kill -KILL -- "-$server" 2>/dev/null || true
   fi
+  wait "$server" 2>/dev/null || true
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM

@@ -97,7 +97,9 @@ class ServerProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
-        leftovers = _group_members(self.proc.pid)
+        deadline = time.monotonic() + 5  # let helper processes (e.g. the resource tracker) exit
+        while (leftovers := _group_members(self.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         if leftovers:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
