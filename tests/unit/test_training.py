@@ -1,0 +1,113 @@
+"""Fast tests of the EAGLE-3 training code on toy shapes (no engine, no downloads)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from dynamo_spec.default_model import draft_config, random_draft_weights
+from dynamo_spec.training.model import Eagle3Draft, ttt_loss
+from dynamo_spec.training.train import TrainConfig, batch_at, epoch_rows, make_batch, save_draft
+from dynamo_spec.training.vocab import choose_draft_vocab, d2t_from_ids, target_to_draft
+from dynamo_spec.verify import compare
+
+pytestmark = pytest.mark.unit
+
+TARGET = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5, "vocab_size": 100,
+          "max_position_embeddings": 256, "hidden_act": "silu", "num_hidden_layers": 6,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+def toy_draft(seed: int = 0, vocab: int = 16) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    return Eagle3Draft(draft_config(TARGET, (1, 3, 4), vocab))
+
+
+def toy_seq(n: int, prompt_len: int, seed: int, vocab: int = 16) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, 100, (n,), generator=g), "prompt_len": prompt_len,
+            "aux": torch.randn(n, 96, generator=g), "final": torch.randn(n, 32, generator=g)}
+
+
+def test_d2t_maps_draft_ids_to_frequent_target_ids():
+    tokens = [[5, 5, 5, 7, 7, 9, 42], [42, 42, 42, 42]]
+    ids = choose_draft_vocab(tokens, size=4, vocab_size=100, always=[2])
+    assert ids.tolist() == [2, 5, 7, 42]  # eos forced in, then by frequency, sorted
+    d2t = d2t_from_ids(ids)
+    assert d2t.dtype == torch.int64
+    assert (torch.arange(4) + d2t).tolist() == ids.tolist()  # vLLM: target = draft + d2t
+    assert target_to_draft(ids, 100)[42] == 3 and target_to_draft(ids, 100)[6] == -1
+
+
+def test_d2t_pads_with_unused_ids_when_few_tokens_seen():
+    ids = choose_draft_vocab([[9]], size=3, vocab_size=100)
+    assert ids.tolist() == [0, 1, 9]
+
+
+def test_ttt_loss_shapes_and_gradients():
+    draft = toy_draft()
+    embed = torch.randn(100, 32)
+    seqs = [toy_seq(12, 4, 1), toy_seq(9, 3, 2)]
+    batch = make_batch(seqs, [0, 1], 64, torch.randn(16, 32))
+    assert batch["input_ids"].shape == (1, 21) and batch["target_probs"].shape == (1, 21, 16)
+    loss, accs, losses = ttt_loss(draft, embed, batch, steps=3)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert len(accs) == len(losses) == 3
+    loss.backward()
+    assert draft.fc.weight.grad is not None and draft.midlayer.self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_packed_sequences_do_not_see_each_other():
+    """A sequence's loss is the same alone or packed next to another one."""
+    draft, embed, emb_d = toy_draft(), torch.randn(100, 32), torch.randn(16, 32)
+    a, b = toy_seq(10, 3, 1), toy_seq(8, 2, 2)
+    with torch.no_grad():
+        _, _, alone = ttt_loss(draft, embed, make_batch([a], [0], 64, emb_d), steps=2)
+        # b's loss is zeroed out of the packed row by masking its answer tokens.
+        b_masked = dict(b, prompt_len=len(b["input_ids"]))
+        _, _, packed = ttt_loss(draft, embed, make_batch([a, b_masked], [0, 1], 64, emb_d),
+                                steps=2)
+    assert alone == pytest.approx(packed, rel=1e-4)
+
+
+def test_batches_are_deterministic_and_resumable():
+    seqs = [toy_seq(5 + i % 7, 2, i) for i in range(40)]
+    cfg = TrainConfig(seed=3, row_tokens=24)
+    idx = list(range(40))
+    first = [batch_at(seqs, idx, s, cfg, {}) for s in range(30)]
+    cache: dict = {}
+    again = [batch_at(seqs, idx, s, cfg, cache) for s in range(30)]
+    assert first == again
+    assert epoch_rows(seqs, idx, 0, cfg) != epoch_rows(seqs, idx, 1, cfg)
+
+
+def test_checkpoint_has_the_layout_vllm_loads(tmp_path):
+    draft = toy_draft()
+    cfg = draft_config(TARGET, (1, 3, 4), 16)
+    save_draft(draft, cfg, tmp_path)
+    expected = random_draft_weights(cfg, seed=0)  # the names/shapes llama_eagle3.py loads
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert names == set(expected)
+        for name in names:
+            assert list(f.get_slice(name).get_shape()) == list(expected[name].shape), name
+        assert str(f.get_slice("d2t").get_dtype()) == "I64"
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert saved["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert "dynamo_spec_untrained" not in saved
+
+
+def test_verify_compare_reports_margin_at_first_difference():
+    lp = lambda d: {t: SimpleNamespace(logprob=v) for t, v in d.items()}  # noqa: E731
+    reference = [([1, 2, 3], [lp({1: -0.1}), lp({2: -0.50, 7: -0.55}), lp({3: -0.2})]),
+                 ([4, 5], [lp({4: -0.1}), lp({5: -0.1})])]
+    speculative = [([1, 7, 3], None), ([4, 5], None)]
+    (diff,) = compare(reference, speculative)
+    assert (diff.prompt, diff.position, diff.reference_token, diff.speculative_token) == (0, 1, 2, 7)
+    assert diff.margin == pytest.approx(0.05) and diff.near_tie(0.25)
