@@ -185,7 +185,6 @@ def make_untrained_draft(target_dir: Path, out_dir: Path, aux_layer_ids=(2, 15, 
     acceptance will be near zero. The draft vocabulary is the first
     ``draft_vocab_size`` target ids (``d2t`` all zeros).
     """
-    import torch
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
