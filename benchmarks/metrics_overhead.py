@@ -68,8 +68,8 @@ def main() -> None:
     models = build_fixture_set(work / "models")
     results: dict[bool, list[float]] = {True: [], False: []}
     scrapes: list[float] = []
-    for _ in range(args.rounds):
-        for enabled in (True, False):
+    for round_ in range(args.rounds):
+        for enabled in ((True, False) if round_ % 2 == 0 else (False, True)):  # alternate the order
             config = tiny_config(models["fixed_target"], models["partial_draft"], metrics={"enabled": enabled})
             with ServerProcess(config, work) as server:
                 load(server.url, 3, args.concurrency)  # warm-up
