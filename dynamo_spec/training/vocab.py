@@ -8,7 +8,7 @@ target-id order (so ``d2t`` is non-decreasing and non-negative).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

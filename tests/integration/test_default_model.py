@@ -127,3 +127,14 @@ def test_bf16_with_untrained_draft_answers_paris(default_model: Path, vllm_env, 
     spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
     _, text = _vllm_greedy(default_model, _prompt_ids(default_model), "bfloat16", spec)
     assert "Paris" in text
+
+
+def test_shipped_cpu_config_passes_preflight_with_the_trained_draft(default_model: Path, repo_root: Path):
+    """The committed draft pairs with the converted target: no error and no 'untrained' warning."""
+    from dynamo_spec.config_loader import load_settings
+    from dynamo_spec.preflight import run_preflight
+
+    settings = load_settings(
+        repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", ["--engine.model", str(default_model)], {}
+    ).settings
+    assert run_preflight(settings, on_cpu=True) == []
