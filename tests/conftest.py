@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,8 +44,3 @@ def write_config(tmp_path: Path):
         return path
 
     return write
-
-
-@pytest.fixture(scope="session")
-def anyio_backend() -> Iterator[str]:
-    yield "asyncio"
