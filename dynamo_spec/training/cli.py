@@ -18,8 +18,8 @@ def _ks(text: str) -> list[int]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train-draft", help="train an EAGLE-3 draft for a target model",
-                              description="Prompts from PyPI packages, answers from the target "
-                              "(vLLM, greedy), its hidden states, then EAGLE-3 training. "
+                              description="Prompts from PyPI packages, the target's greedy answers "
+                              "and hidden states, then EAGLE-3 training. "
                               "Re-running the same command resumes.")
     p.add_argument("--target", type=Path, required=True, help="target model directory")
     p.add_argument("--out", type=Path, required=True, help="where to write the draft")
@@ -32,7 +32,15 @@ def register(subparsers) -> None:
     budget.add_argument("--steps", type=int, help="exact number of optimizer steps")
     p.add_argument("--answer-minutes", type=float, default=26.0,
                    help="time budget for generating answers (stops early, resumable)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--generator", choices=("decoder", "vllm"), default="decoder",
+                   help="decoder: one transformers pass keeps the hidden states while it "
+                   "decodes (default); vllm: vLLM answers, then a separate states pass")
+    p.add_argument("--more-chitchat", type=int, default=20000,
+                   help="extra chit-chat prompts (other cuts of non-held-out conversations)")
+    p.add_argument("--data-from", type=Path, action="append", default=[],
+                   help="an earlier work dir whose answers and states are trained on too "
+                   "(its prompts are not answered again); repeatable")
     p.add_argument("--aux-layers", type=_layers, default=(2, 15, 27),
                    help="target layers fed to the draft, e.g. '2,15,27'")
     p.add_argument("--draft-vocab", type=int, default=8192)
@@ -66,7 +74,8 @@ def _train_draft(args: argparse.Namespace) -> int:
                          minutes=None if args.steps else args.minutes,
                          answer_minutes=args.answer_minutes,
                          max_new_tokens=args.max_new_tokens, aux_layers=args.aux_layers,
-                         draft_vocab=args.draft_vocab)
+                         draft_vocab=args.draft_vocab, generator=args.generator,
+                         more_chitchat=args.more_chitchat, data_from=tuple(args.data_from))
     summary = run_pipeline(cfg)
     print(json.dumps(summary, indent=2))
     return 0

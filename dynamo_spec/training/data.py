@@ -15,9 +15,9 @@ import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -142,15 +142,59 @@ def build_prompts(download_dir: Path, seed: int = 0,
                    "messages": msgs}
 
 
-def write_prompts(path: Path, download_dir: Path, seed: int = 0) -> Path:
-    """Write the prompt file once (idempotent); return its path."""
+def _conversation_turns(conv: dict) -> list[str]:
+    turns = [" ".join(m["text"].strip() for m in turn if m["text"].strip())
+             for turn in conv["messages"]]
+    return [t for t in turns if t]
+
+
+def more_chitchat_prompts(download_dir: Path, existing: list[dict], n: int,
+                          seed: int = 0) -> list[dict]:
+    """Up to ``n`` new chit-chat prompts: other cut points (<= 5 turns, ending on the
+    user side) of conversations none of whose turns appears in a held-out prompt, so
+    the evaluation split stays unseen. Rows as :func:`build_prompts` writes them."""
+    src = next(s for s in SOURCES if s.name == "chitchat")
+    with zipfile.ZipFile(download(src.package, download_dir)) as zf:
+        convs = json.loads(zf.read("chitchat_dataset/dataset.json"))
+    held = {m["content"] for r in existing if r["split"] == "eval" for m in r["messages"]}
+    seen = {json.dumps(r["messages"], sort_keys=True) for r in existing}
+    rng = random.Random(f"{seed}-chitchat-more")
+    candidates = []
+    for key in sorted(convs):
+        turns = _conversation_turns(convs[key])
+        if any(t in held for t in turns):
+            continue
+        for end in range(0, len(turns), 2):
+            start = max(0, end - 4)
+            msgs = [{"role": "user" if (i - start) % 2 == 0 else "assistant",
+                     "content": turns[i]} for i in range(start, end + 1)]
+            if json.dumps(msgs, sort_keys=True) not in seen:
+                candidates.append(msgs)
+    rng.shuffle(candidates)
+    return [{"id": f"chitchat-more-{i:05d}", "source": "chitchat", "split": "train",
+             "messages": msgs} for i, msgs in enumerate(candidates[:n])]
+
+
+def write_prompts(path: Path, download_dir: Path, seed: int = 0,
+                  more_chitchat: int = 0) -> Path:
+    """Write the prompt file once (idempotent); return its path.
+
+    Order: the held-out rows, the train rows of the smaller sources (interleaved), the
+    chit-chat train rows, then ``more_chitchat`` extra chit-chat cuts; a generator that
+    stops on a time budget thus gets every source before the large one."""
     if path.exists():
         return path
+    rows = list(build_prompts(download_dir, seed))
+    train = [r for r in rows if r["split"] == "train"]
+    ordered = ([r for r in rows if r["split"] == "eval"]
+               + interleave_sources([r for r in train if r["source"] != "chitchat"])
+               + [r for r in train if r["source"] == "chitchat"])
+    if more_chitchat:
+        ordered += more_chitchat_prompts(download_dir, rows, more_chitchat, seed)
     tmp = path.with_suffix(".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "w") as f:
-        for row in build_prompts(download_dir, seed):
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in ordered)
     tmp.rename(path)
     return path
 

@@ -1,7 +1,11 @@
-"""``train-draft`` end to end: prompts -> target answers -> hidden states -> training.
+"""``train-draft`` end to end: prompts -> target answers and hidden states -> training.
 
-Every stage writes into ``work_dir`` and skips what is already there, so re-running
-the same command after an interruption resumes (training from its last checkpoint).
+Two ways to get answers and states: the default ``decoder`` (:mod:`.decode`, one pass
+that keeps the states as it decodes, about 2x vLLM's CPU throughput here), or ``vllm``
+(vLLM answers, then a transformers pass for the states). Every stage writes into
+``work_dir`` and skips what is already there, so re-running the same command after an
+interruption resumes (training from its last checkpoint). ``data_from`` adds the
+answers and states of earlier work dirs: their prompts are not answered again.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import source_table, write_prompts
+from .data import read_jsonl, source_table, write_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,9 @@ class PipelineConfig:
     aux_layers: tuple = (2, 15, 27)
     draft_vocab: int = 8192
     extract_dtype: str = "float32"
+    generator: str = "decoder"
+    more_chitchat: int = 20000
+    data_from: tuple = ()
     timings: dict = field(default_factory=dict)
 
 
@@ -48,19 +55,26 @@ def _timed(cfg: PipelineConfig, name: str, fn, *args, **kwargs):
 
 def run_pipeline(cfg: PipelineConfig) -> dict:
     from .answers import generate_answers
+    from .decode import generate_with_states
     from .hidden_states import extract_hidden_states, load_shards
     from .train import TrainConfig, train
 
     work = cfg.work_dir
     work.mkdir(parents=True, exist_ok=True)
     prompts = _timed(cfg, "prompts", write_prompts, work / "prompts.jsonl", work / "downloads",
-                     cfg.seed)
-    answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
-                     work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                     minutes=cfg.answer_minutes)
-    hidden = _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
-                    work / "hidden", cfg.aux_layers, dtype=cfg.extract_dtype)
-    seqs = load_shards(hidden)
+                     cfg.seed, more_chitchat=cfg.more_chitchat)
+    if cfg.generator == "decoder":
+        skip = {r["id"] for d in cfg.data_from for r in read_jsonl(Path(d) / "answers.jsonl")}
+        _timed(cfg, "answers_and_states", generate_with_states, cfg.target, prompts, work,
+               aux_layers=cfg.aux_layers, max_new_tokens=cfg.max_new_tokens,
+               minutes=cfg.answer_minutes, skip_ids=skip)
+    else:
+        answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
+                         work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
+                         seed=cfg.seed, minutes=cfg.answer_minutes)
+        _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
+               work / "hidden", cfg.aux_layers, dtype=cfg.extract_dtype)
+    seqs = [s for d in (*cfg.data_from, work) for s in load_shards(Path(d) / "hidden")]
     eos_id = json.loads((cfg.target / "config.json").read_text())["eos_token_id"]
     tcfg = TrainConfig(seed=cfg.seed, steps=cfg.steps,
                        minutes=None if cfg.steps else cfg.minutes,

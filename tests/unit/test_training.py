@@ -111,3 +111,31 @@ def test_verify_compare_reports_margin_at_first_difference():
     (diff,) = compare(reference, speculative)
     assert (diff.prompt, diff.position, diff.reference_token, diff.speculative_token) == (0, 1, 2, 7)
     assert diff.margin == pytest.approx(0.05) and diff.near_tie(0.25)
+
+
+def test_more_chitchat_prompts_never_touch_held_out_conversations(tmp_path):
+    import zipfile
+
+    from dynamo_spec.training.data import more_chitchat_prompts
+
+    def conv(*texts):
+        return {"messages": [[{"text": t}] for t in texts]}
+
+    convs = {"a": conv("hi", "hello", "how are you", "fine", "bye"),
+             "b": conv("held out question", "an answer", "more"),
+             "c": conv("what time is it", "noon")}
+    with zipfile.ZipFile(tmp_path / "chitchat_dataset-0.9.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("chitchat_dataset/dataset.json", json.dumps(convs))
+    existing = [{"id": "x", "split": "eval", "source": "chitchat",
+                 "messages": [{"role": "user", "content": "held out question"}]},
+                {"id": "y", "split": "train", "source": "chitchat",
+                 "messages": [{"role": "user", "content": "hi"}]}]
+    rows = more_chitchat_prompts(tmp_path, existing, 100, seed=0)
+    texts = [[m["content"] for m in r["messages"]] for r in rows]
+    # conversation b is held out; a's first cut is already a train prompt
+    assert sorted(texts) == sorted([["hi", "hello", "how are you"],
+                                    ["hi", "hello", "how are you", "fine", "bye"],
+                                    ["what time is it"]])
+    assert all(r["split"] == "train" and r["messages"][-1]["role"] == "user" for r in rows)
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert more_chitchat_prompts(tmp_path, existing, 100, seed=0) == rows  # deterministic

@@ -1,0 +1,46 @@
+"""`dynamo-spec eval-draft` on the known-acceptance fixtures: its table is the truth."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "source": src, "split": split,
+             "messages": [{"role": "user", "content": text}]}
+            for i, (src, split, text) in enumerate([
+                ("a", "eval", "What is the capital of France?"),
+                ("b", "eval", "Write a poem about the sea."),
+                ("a", "train", "never used by eval-draft"),
+                ("b", "eval", "def add(a, b):")])]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "result.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "dynamo_spec", "eval-draft",
+         "--target", str(tiny_models["fixed_target"]),
+         "--draft", str(tiny_models["always_draft"]), "--prompts", str(prompts),
+         "--k", "1,3", "--max-tokens", "33", "--speed-prompts", "2", "--speed-runs", "1",
+         "--speed-max-tokens", "16", "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["n_prompts"] == 3  # the eval split only
+    by_k = {a["k"]: a for a in report["acceptance"]}
+    # always accepted: every draft step yields k + 1 tokens; 33 tokens = 1 from the
+    # prefill + 32 from speculative steps (a whole number of steps for k = 1 and 3)
+    for k in (1, 3):
+        assert by_k[k]["mean_acceptance_length"] == pytest.approx(k + 1)
+        assert by_k[k]["acceptance_rate"] == pytest.approx(1.0)
+        assert by_k[k]["per_position"] == pytest.approx([1.0] * k)
+        assert by_k[k]["drafts"] == 3 * 32 // (k + 1)
+    for key in ("speed_no_spec", "speed_spec"):
+        assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
+    assert "| 3 | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 |" in result.stdout
