@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import build_engine_args
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
@@ -24,6 +25,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     """
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    default_cpu_thread_binding()
     engine = AsyncLLM.from_engine_args(build_engine_args(settings), stat_loggers=list(stat_loggers) or None)
     try:
         yield engine

@@ -177,24 +177,17 @@ def more_chitchat_prompts(download_dir: Path, existing: list[dict], n: int,
 
 def write_prompts(path: Path, download_dir: Path, seed: int = 0,
                   more_chitchat: int = 0) -> Path:
-    """Write the prompt file once (idempotent); return its path.
-
-    Order: the held-out rows, the train rows of the smaller sources (interleaved), the
-    chit-chat train rows, then ``more_chitchat`` extra chit-chat cuts; a generator that
-    stops on a time budget thus gets every source before the large one."""
+    """Write the prompt file once (idempotent); return its path. The rows of
+    :func:`build_prompts`, then ``more_chitchat`` extra chit-chat cuts."""
     if path.exists():
         return path
     rows = list(build_prompts(download_dir, seed))
-    train = [r for r in rows if r["split"] == "train"]
-    ordered = ([r for r in rows if r["split"] == "eval"]
-               + interleave_sources([r for r in train if r["source"] != "chitchat"])
-               + [r for r in train if r["source"] == "chitchat"])
     if more_chitchat:
-        ordered += more_chitchat_prompts(download_dir, rows, more_chitchat, seed)
+        rows += more_chitchat_prompts(download_dir, rows, more_chitchat, seed)
     tmp = path.with_suffix(".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in ordered)
+        f.writelines(json.dumps(row) + "\n" for row in rows)
     tmp.rename(path)
     return path
 

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .answers import chat_prompt_ids
-from .data import read_jsonl
+from .data import interleave_sources, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
                          minutes: float | None = None, threads: int | None = None,
                          skip_ids: set[str] = frozenset()) -> Path:
     """Answer the train prompts of ``prompts_path`` not yet answered (nor in
-    ``skip_ids``), in file order.
+    ``skip_ids``): the smaller sources first, then chit-chat, each in file order.
 
     Appends to ``work/answers.jsonl`` and writes ``work/hidden/shard-*`` every
     ``rows_per_shard`` answers (a shard, then its answer rows), so an interrupted run
@@ -238,6 +238,10 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
     done = {r["id"] for r in read_jsonl(answers_path)} if answers_path.exists() else set()
     todo = [r for r in read_jsonl(prompts_path, split="train")
             if r["id"] not in done and r["id"] not in skip_ids]
+    # the smaller sources first (interleaved), then chit-chat, so a time budget that
+    # runs out still leaves every source answered
+    todo = (interleave_sources([r for r in todo if r["source"] != "chitchat"])
+            + [r for r in todo if r["source"] == "chitchat"])
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval()
     eos = model.config.eos_token_id

@@ -42,6 +42,10 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     with isolated_vllm_dirs():
         from vllm import LLM
 
+        from ..cpu_threads import default_cpu_thread_binding
+
+        default_cpu_thread_binding()
+
         spec = None
         if draft is not None:
             spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}

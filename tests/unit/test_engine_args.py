@@ -78,3 +78,17 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     assert type(args).__name__ == "AsyncEngineArgs"
     assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 3}
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
+
+
+def test_cpu_thread_binding_covers_all_cores_on_small_cpu_hosts_only():
+    from dynamo_spec.cpu_threads import VAR, default_cpu_thread_binding
+
+    env: dict[str, str] = {}
+    assert default_cpu_thread_binding(env, cpus={0, 1}, is_cpu=True) == "0,1"
+    assert env == {VAR: "0,1"}
+    user = {VAR: "auto"}  # the user's choice is kept
+    assert default_cpu_thread_binding(user, cpus={0, 1}, is_cpu=True) is None
+    assert user == {VAR: "auto"}
+    for cpus, is_cpu in (({0, 1}, False), (set(range(16)), True)):  # GPU host; big CPU host
+        env = {}
+        assert default_cpu_thread_binding(env, cpus=cpus, is_cpu=is_cpu) is None and env == {}
