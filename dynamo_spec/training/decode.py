@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .answers import chat_prompt_ids
 from .data import interleave_sources, read_jsonl
+from .hidden_states import shard_path, write_shard
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class BatchDecoder:
         out = [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         while order:
-            plen, take = len(prompts[order[0]]), 0
+            take = 0
             while take < len(order) and len(prompts[order[take]]) * (take + 1) <= max_batch_tokens:
                 take += 1
             chunk, order = order[:max(take, 1)], order[max(take, 1):]
@@ -198,22 +198,6 @@ class BatchDecoder:
         return [out[q] for q in range(len(prompts))]
 
 
-def _shard_name(index: int, count: int) -> str:
-    return f"shard-{index:06d}-{count:04d}.safetensors"
-
-
-def _write_shard(path: Path, rows: list[tuple]) -> None:
-    seqs = [ids + ans for ids, ans, _, _ in rows]
-    lens = torch.tensor([len(q) for q in seqs])
-    save_file({
-        "input_ids": torch.tensor([t for q in seqs for t in q], dtype=torch.int32),
-        "prompt_lens": torch.tensor([len(ids) for ids, _, _, _ in rows]),
-        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-        "aux": torch.cat([a for _, _, a, _ in rows]).to(torch.bfloat16).contiguous(),
-        "final": torch.cat([f for _, _, _, f in rows]).to(torch.bfloat16).contiguous(),
-    }, str(path))
-
-
 def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
                          aux_layers=(2, 15, 27), max_new_tokens: int = 192,
                          batch_size: int = 64, max_prompt_tokens: int = 512,
@@ -261,7 +245,7 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
         nonlocal index
         if not buffer:
             return
-        _write_shard(hidden / _shard_name(index, len(buffer)), [b[1:] for b in buffer])
+        write_shard(shard_path(hidden, index, len(buffer)), [b[1:] for b in buffer])
         for r, ids, ans, _, _ in buffer:
             f.write(json.dumps({"id": r["id"], "source": r["source"], "prompt_ids": ids,
                                 "answer_ids": ans,

@@ -22,8 +22,22 @@ from .data import read_jsonl
 logger = logging.getLogger(__name__)
 
 
-def _shard_path(out_dir: Path, start: int, count: int) -> Path:
+def shard_path(out_dir: Path, start: int, count: int) -> Path:
     return out_dir / f"shard-{start:06d}-{count:04d}.safetensors"
+
+
+def write_shard(path: Path, rows: list[tuple]) -> None:
+    """One shard from ``(prompt_ids, answer_ids, aux, final)`` rows (states over
+    prompt + answer), stored as bf16."""
+    seqs = [ids + ans for ids, ans, _, _ in rows]
+    lens = torch.tensor([len(q) for q in seqs])
+    save_file({
+        "input_ids": torch.tensor([t for q in seqs for t in q], dtype=torch.int32),
+        "prompt_lens": torch.tensor([len(ids) for ids, _, _, _ in rows]),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+        "aux": torch.cat([a for _, _, a, _ in rows]).to(torch.bfloat16).contiguous(),
+        "final": torch.cat([f for _, _, _, f in rows]).to(torch.bfloat16).contiguous(),
+    }, str(path))
 
 
 @torch.inference_mode()
@@ -74,7 +88,7 @@ def extract_hidden_states(target: Path, answers_path: Path, out_dir: Path,
             stale.unlink()
     starts = range(0, len(rows), rows_per_shard)
     todo = [s for s in starts
-            if not _shard_path(out_dir, s, len(rows[s:s + rows_per_shard])).exists()]
+            if not shard_path(out_dir, s, len(rows[s:s + rows_per_shard])).exists()]
     if not todo:
         return out_dir
     model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval()
@@ -87,14 +101,9 @@ def extract_hidden_states(target: Path, answers_path: Path, out_dir: Path,
             part = rows[s:s + rows_per_shard]
             seqs = [r["prompt_ids"] + r["answer_ids"] for r in part]
             feats = _extract(model, seqs, aux_layers, max_batch_tokens)
+            write_shard(shard_path(out_dir, s, len(part)),
+                        [(r["prompt_ids"], r["answer_ids"], a, f) for r, (a, f) in zip(part, feats)])
             lens = torch.tensor([len(q) for q in seqs])
-            save_file({
-                "input_ids": torch.tensor([t for q in seqs for t in q], dtype=torch.int32),
-                "prompt_lens": torch.tensor([len(r["prompt_ids"]) for r in part]),
-                "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-                "aux": torch.cat([a for a, _ in feats]),
-                "final": torch.cat([f for _, f in feats]),
-            }, str(_shard_path(out_dir, s, len(part))))
             n_tok += int(lens.sum())
             bar.update(int(lens.sum()))
             bar.set_postfix(tok_s=f"{n_tok / (time.monotonic() - t0):.0f}")

@@ -1,0 +1,48 @@
+"""train-draft's answer stage on the tiny target: answers and hidden-state shards agree,
+held-out and skipped prompts are never answered, and a re-run resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dynamo_spec.training.data import read_jsonl
+from dynamo_spec.training.decode import generate_with_states
+from dynamo_spec.training.hidden_states import load_shards
+
+pytestmark = pytest.mark.integration
+
+
+def test_answers_and_states_on_the_tiny_target(tiny_models, tmp_path):
+    rows = [{"id": f"{src}-{i}", "source": src, "split": split,
+             "messages": [{"role": "user", "content": f"question {i} from {src}"}]}
+            for i, (src, split) in enumerate([("chitchat", "train"), ("chitchat", "eval"),
+                                              ("mmlu", "train"), ("chitchat", "train"),
+                                              ("humaneval", "train"), ("mmlu", "train")])]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    work = tmp_path / "work"
+    args = {"aux_layers": (1, 2, 3), "max_new_tokens": 8, "batch_size": 2,
+            "rows_per_shard": 2, "skip_ids": {"mmlu-5"}}
+    generate_with_states(tiny_models["target"], prompts, work, **args)
+
+    answers = read_jsonl(work / "answers.jsonl")
+    # train prompts only, minus the skipped one; smaller sources before chit-chat
+    assert sorted(r["id"] for r in answers) == ["chitchat-0", "chitchat-3", "humaneval-4",
+                                                "mmlu-2"]
+    seqs = load_shards(work / "hidden")
+    assert len(seqs) == len(answers)
+    for r, s in zip(answers, seqs):
+        assert s["input_ids"].tolist() == r["prompt_ids"] + r["answer_ids"]
+        assert s["prompt_len"] == len(r["prompt_ids"])
+        assert 1 <= len(r["answer_ids"]) <= 8
+        assert s["aux"].shape == (len(s["input_ids"]), 3 * 128)
+        assert s["final"].shape == (len(s["input_ids"]), 128)
+        assert s["aux"].dtype == torch.bfloat16 and torch.isfinite(s["aux"].float()).all()
+    assert (work / "answers.seconds").exists()
+
+    generate_with_states(tiny_models["target"], prompts, work, **args)  # resumes: no-op
+    assert len(read_jsonl(work / "answers.jsonl")) == len(answers)
+    assert len(load_shards(work / "hidden")) == len(seqs)
