@@ -50,7 +50,7 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
         if draft is not None:
             spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}
         llm = LLM(model=str(target), dtype=dtype, kv_cache_memory_bytes=kv_cache_bytes,
-                  enforce_eager=extra.pop("enforce_eager", True), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                  enforce_eager=True, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                   seed=0, speculative_config=spec, **extra)
         try:
             yield llm
