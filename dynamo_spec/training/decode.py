@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -92,12 +93,20 @@ class BatchDecoder:
         probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         return torch.matmul(probs, v).reshape(b, self.n_heads, 1, d)
 
-    def _next_tokens(self, final_last):
+    def _next_tokens(self, final_last, reqs=None, sampling=None):
+        """Greedy next tokens for [B, h] final states; row j is sampled instead when
+        ``sampling`` maps its request ``reqs[j]`` to ``(temperature, generator)``."""
         if self.model.config.tie_word_embeddings:
             logits = final_last @ self.base.embed_tokens.weight.T
         else:
             logits = self.model.lm_head(final_last)
-        return logits.argmax(dim=-1)
+        out = logits.argmax(dim=-1)
+        for j, q in enumerate(reqs or ()):
+            if sampling and q in sampling:
+                temperature, gen = sampling[q]
+                probs = torch.softmax(logits[j].float() / temperature, dim=-1)
+                out[j] = torch.multinomial(probs, 1, generator=gen)[0]
+        return out
 
     def _prefill(self, prompts: list[list[int]], max_batch_tokens: int = 4096):
         """Per prompt: aux [n, 3h], final [n, h] and K/V [layers][kv, n, d]; prompts of
@@ -130,11 +139,15 @@ class BatchDecoder:
     @torch.inference_mode()
     def stream(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], *,
                batch_size: int = 64, refill_at: int | None = None,
-               stop_at: float | None = None):
+               stop_at: float | None = None, sampling: dict | None = None):
         """Continuous batching: yield ``(index, answer_ids, aux, final)`` per prompt as it
         finishes (aux/final over prompt + answer). Finished slots are refilled with new
         prompts (prefilled together once ``refill_at`` slots are free); after the
-        monotonic time ``stop_at`` no new prompt is started."""
+        monotonic time ``stop_at`` no new prompt is started. ``sampling`` maps a prompt
+        index to ``(temperature, seed)``: that answer is sampled, from its own seeded
+        generator (so it does not depend on the batching); the others are greedy."""
+        sampling = {q: (t, torch.Generator().manual_seed(seed))
+                    for q, (t, seed) in (sampling or {}).items() if t > 0}
         refill_at = refill_at or max(1, batch_size // 8)
         width = max(len(p) for p in prompts) + max_new_tokens + 1
         cache = [(torch.zeros(batch_size, self.n_kv, width, self.head_dim, dtype=self.dtype),
@@ -159,7 +172,8 @@ class BatchDecoder:
                             or all(q < 0 for q in slot_req)):
                 new = [pending.pop() for _ in range(min(len(free), len(pending)))]
                 filled = self._prefill([prompts[q] for q in new])
-                first = self._next_tokens(torch.stack([f[-1] for _, f, _ in filled]))
+                first = self._next_tokens(torch.stack([f[-1] for _, f, _ in filled]), new,
+                                          sampling)
                 for j, (q, s) in enumerate(zip(new, free)):
                     aux, final, kv = filled[j]
                     n = len(prompts[q])
@@ -178,7 +192,7 @@ class BatchDecoder:
             st_aux[slots, lens] = aux[:, 0]
             st_final[slots, lens] = final[:, 0]
             lens = torch.where(live, lens + 1, lens)
-            nxt = self._next_tokens(final[:, 0])
+            nxt = self._next_tokens(final[:, 0], slot_req, sampling)
             for s, q in enumerate(slot_req):
                 if q < 0:
                     continue
@@ -191,10 +205,11 @@ class BatchDecoder:
                     ans.append(int(nxt[s]))
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
-                 batch_size: int = 64):
+                 batch_size: int = 64, sampling: dict | None = None):
         """All answers, in prompt order: ``(answer_ids, aux, final)`` per prompt."""
         out = {q: (a, x, f) for q, a, x, f in self.stream(prompts, max_new_tokens, eos_ids,
-                                                          batch_size=batch_size)}
+                                                          batch_size=batch_size,
+                                                          sampling=sampling)}
         return [out[q] for q in range(len(prompts))]
 
 
@@ -203,7 +218,7 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
                          batch_size: int = 64, max_prompt_tokens: int = 512,
                          rows_per_shard: int = 128, dtype: str = "bfloat16",
                          minutes: float | None = None, threads: int | None = None,
-                         skip_ids: set[str] = frozenset()) -> Path:
+                         skip_ids: set[str] = frozenset(), seed: int = 0) -> Path:
     """Answer the train prompts of ``prompts_path`` not yet answered (nor in
     ``skip_ids``): the smaller sources first, then chit-chat, each in file order.
 
@@ -211,7 +226,8 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
     ``rows_per_shard`` answers (a shard, then its answer rows), so an interrupted run
     loses at most the unwritten rows and resumes with them. ``minutes`` is a budget over
     all runs (the seconds spent are kept in ``work/answers.seconds``): once it is spent
-    no new prompt is started, and the ones in flight finish.
+    no new prompt is started, and the ones in flight finish. Rows with a
+    ``temperature`` are sampled, seeded by ``seed`` and the row id.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -261,11 +277,13 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
     encoded = [x for w in range(0, len(encoded), window)
                for x in sorted(encoded[w:w + window], key=lambda x: len(x[1]))]
     prompts = [ids for _, ids in encoded]
+    sampling = {q: (r["temperature"], zlib.crc32(f"{seed}-{r['id']}".encode()))
+                for q, (r, _) in enumerate(encoded) if r.get("temperature")}
     with open(answers_path, "a") as f, tqdm(total=len(encoded), desc="answers+states",
                                              unit="prompt") as bar:
         for q, ans, aux, fin in decoder.stream(prompts, max_new_tokens, eos_ids,
                                                batch_size=batch_size,
-                                               stop_at=budget):
+                                               stop_at=budget, sampling=sampling):
             r, ids = encoded[q]
             buffer.append((r, ids, ans, aux, fin))
             n_answer += len(ans)

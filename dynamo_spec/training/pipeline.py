@@ -36,6 +36,9 @@ class PipelineConfig:
     extract_dtype: str = "float32"
     generator: str = "decoder"
     more_chitchat: int = 20000
+    samples: int = 0
+    temperature: float = 0.7
+    init_from: Path | None = None
     data_from: tuple = ()
     timings: dict = field(default_factory=dict)
 
@@ -62,12 +65,13 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     work = cfg.work_dir
     work.mkdir(parents=True, exist_ok=True)
     prompts = _timed(cfg, "prompts", write_prompts, work / "prompts.jsonl", work / "downloads",
-                     cfg.seed, more_chitchat=cfg.more_chitchat)
+                     cfg.seed, more_chitchat=cfg.more_chitchat, samples=cfg.samples,
+                     temperature=cfg.temperature)
     if cfg.generator == "decoder":
         skip = {r["id"] for d in cfg.data_from for r in read_jsonl(Path(d) / "answers.jsonl")}
         _timed(cfg, "answers_and_states", generate_with_states, cfg.target, prompts, work,
                aux_layers=cfg.aux_layers, max_new_tokens=cfg.max_new_tokens,
-               minutes=cfg.answer_minutes, skip_ids=skip)
+               minutes=cfg.answer_minutes, skip_ids=skip, seed=cfg.seed)
     else:
         answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
                          work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
@@ -78,7 +82,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     eos_id = json.loads((cfg.target / "config.json").read_text())["eos_token_id"]
     tcfg = TrainConfig(seed=cfg.seed, steps=cfg.steps,
                        minutes=None if cfg.steps else cfg.minutes,
-                       aux_layers=tuple(cfg.aux_layers), draft_vocab=cfg.draft_vocab)
+                       aux_layers=tuple(cfg.aux_layers), draft_vocab=cfg.draft_vocab,
+                       init_from=cfg.init_from)
     summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
                      tcfg, eos_id)
     summary.update({"timings_s": cfg.timings, "sources": source_table(),

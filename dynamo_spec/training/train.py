@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..default_model import draft_config
@@ -44,6 +44,9 @@ class TrainConfig:
     # (as EAGLE-1/2 keep the target's head) halves the trainable parameters, which
     # matters when data is scarce.
     train_lm_head: bool = False
+    # warm start: a draft directory whose fc / decoder layer / norm weights replace the
+    # random init (the lm_head and d2t still follow this run's draft vocabulary)
+    init_from: Path | None = None
 
 
 def load_target_tensors(target: Path) -> dict:
@@ -134,6 +137,14 @@ def build_draft(target: Path, seqs: list[dict], cfg: TrainConfig, eos_id: int):
         draft.lm_head.weight.copy_(tensors["model.embed_tokens.weight"][d2t_ids])
         draft.norm.weight.copy_(tensors["model.norm.weight"])
         draft.d2t.copy_(d2t_from_ids(d2t_ids))
+    if cfg.init_from:
+        init = load_file(str(Path(cfg.init_from) / "model.safetensors"))
+        keep = {k: v.float() for k, v in init.items() if k not in ("lm_head.weight", "d2t", "t2d")}
+        missing, unexpected = draft.load_state_dict(keep, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight", "d2t", "t2d"}:
+            raise ValueError(f"{cfg.init_from}: not a draft of this shape "
+                             f"(missing {missing}, unexpected {unexpected})")
+        logger.info("initialised from %s (%d tensors)", cfg.init_from, len(keep))
     return draft, dcfg, d2t_ids, tensors["model.embed_tokens.weight"]
 
 

@@ -60,3 +60,25 @@ def test_stream_stops_starting_prompts_after_the_deadline(toy_llama):
     decoder = BatchDecoder(toy_llama, AUX)
     done = list(decoder.stream(prompts, 4, set(), batch_size=2, stop_at=0.0))
     assert done == []  # the deadline had passed before the first prompt was started
+
+
+def test_sampled_answers_follow_their_seed_not_the_batching(toy_llama):
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 100, (n,), generator=g).tolist() for n in (4, 9, 6, 13)]
+    decoder = BatchDecoder(toy_llama, AUX)
+    sampling = {1: (1.0, 11), 3: (1.0, 12)}  # prompts 0 and 2 stay greedy
+    alone = decoder.generate(prompts, 10, set(), batch_size=1, sampling=sampling)
+    batched = decoder.generate(prompts, 10, set(), batch_size=4, sampling=sampling)
+    assert [a for a, _, _ in alone] == [a for a, _, _ in batched]
+    for q in (0, 2):  # greedy rows are transformers' greedy answers
+        assert alone[q][0] == reference(toy_llama, prompts[q], 10, set())[0]
+    other_seed = decoder.generate(prompts, 10, set(), batch_size=4,
+                                  sampling={1: (1.0, 99), 3: (1.0, 98)})
+    greedy = decoder.generate(prompts, 10, set(), batch_size=4)
+    # a random toy model's next-token distribution is wide: samples differ from the
+    # greedy path and between seeds
+    assert batched[1][0] != greedy[1][0] and batched[3][0] != greedy[3][0]
+    assert (batched[1][0], batched[3][0]) != (other_seed[1][0], other_seed[3][0])
+    # the states are still the target's own over the sampled sequence
+    ref_aux = reference(toy_llama, prompts[1] + batched[1][0], 0, set())[1]
+    torch.testing.assert_close(batched[1][1], ref_aux, atol=1e-4, rtol=1e-4)

@@ -139,3 +139,89 @@ def test_more_chitchat_prompts_never_touch_held_out_conversations(tmp_path):
     assert all(r["split"] == "train" and r["messages"][-1]["role"] == "user" for r in rows)
     assert len({r["id"] for r in rows}) == len(rows)
     assert more_chitchat_prompts(tmp_path, existing, 100, seed=0) == rows  # deterministic
+
+
+def test_warm_start_takes_the_layers_but_not_the_vocabulary(tmp_path):
+    from safetensors.torch import save_file
+
+    from dynamo_spec.training.train import build_draft
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(TARGET))
+    embed = torch.randn(100, 32)
+    save_file({"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(32)},
+              str(target / "model.safetensors"))
+    earlier = toy_draft(seed=1)
+    save_draft(earlier, draft_config(TARGET, (1, 3, 4), 16), tmp_path / "earlier")
+    seqs = [toy_seq(40, 5, seed=s) for s in range(3)]
+    cfg = TrainConfig(draft_vocab=16, aux_layers=(1, 3, 4), init_from=tmp_path / "earlier")
+    draft, _, d2t_ids, _ = build_draft(target, seqs, cfg, eos_id=0)
+    torch.testing.assert_close(draft.fc.weight, earlier.fc.weight.to(torch.bfloat16).float())
+    torch.testing.assert_close(draft.midlayer.mlp.down_proj.weight,
+                               earlier.midlayer.mlp.down_proj.weight.to(torch.bfloat16).float())
+    # the head follows this run's vocabulary (the target's embedding rows), not the file's
+    torch.testing.assert_close(draft.lm_head.weight, embed[d2t_ids])
+    cold = build_draft(target, seqs, TrainConfig(draft_vocab=16, aux_layers=(1, 3, 4)), 0)[0]
+    assert not torch.equal(cold.fc.weight, draft.fc.weight)
+
+    other = draft_config({**TARGET, "intermediate_size": 48}, (1, 3, 4), 16)
+    save_draft(Eagle3Draft(other), other, tmp_path / "other")
+    with pytest.raises((ValueError, RuntimeError)):
+        build_draft(target, seqs, TrainConfig(draft_vocab=16, aux_layers=(1, 3, 4),
+                                              init_from=tmp_path / "other"), 0)
+
+
+def _wheel(path, files: dict):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return zipfile.ZipFile(path)
+
+
+def test_code_prompts_are_documented_public_functions(tmp_path):
+    import random
+
+    from dynamo_spec.training.data import _read_code
+
+    doc = "Return the chunks of *items*, each of size *n*.\n\n    >>> list(chunks([1, 2, 3], 2))\n    [[1, 2], [3]]\n    "
+    src = (f'import os\n\n@decorator\ndef chunks(items, n=2):\n    """{doc}"""\n    return items\n\n'
+           'def short(x):\n    """Too short."""\n\n'
+           f'def _private(x):\n    """{doc}"""\n\n'
+           f'class Thing:\n    def method(self):\n        """{doc}"""\n')
+    zf = _wheel(tmp_path / "lib.whl", {"lib/core.py": src, "lib/_impl.py": src,
+                                         "lib/tests/test_core.py": src})
+    (prompt,) = _read_code(zf, random.Random(0))
+    text = prompt[0]["content"]
+    assert prompt[0]["role"] == "user"
+    assert text.startswith("Complete the following Python function.\n\n```python\n"
+                           "def chunks(items, n=2):\n    \"\"\"\n    Return the chunks")
+    assert "@decorator" not in text and "return items" not in text
+    assert ">>> list(chunks([1, 2, 3], 2))" in text and text.endswith('    """\n```')
+
+
+def test_bbh_prompts_and_sampled_rows(tmp_path):
+    import random
+
+    import yaml
+
+    from dynamo_spec.training.data import _read_bbh, sampled_rows
+
+    task = {"fewshot_config": {"samples": [{"input": "Is 3 odd?\nOptions:\n- Yes\n- No",
+                                            "target": "3 is odd. So the answer is Yes."}]}}
+    zf = _wheel(tmp_path / "lm_eval.whl", {"lm_eval/tasks/bbh/cot_fewshot/odd.yaml":
+                                           yaml.safe_dump(task)})
+    (prompt,) = _read_bbh(zf, random.Random(0))
+    assert prompt[0]["content"].startswith("Is 3 odd?\nOptions:")
+    assert "3 is odd" not in prompt[0]["content"]  # the worked answer is not the prompt
+
+    rows = [{"id": "mmlu-00001", "source": "mmlu", "split": "train", "messages": prompt},
+            {"id": "mmlu-00000", "source": "mmlu", "split": "eval", "messages": prompt},
+            {"id": "chitchat-00001", "source": "chitchat", "split": "train",
+             "messages": prompt}]
+    extra = sampled_rows(rows, 2, 0.7)
+    # only train prompts of the small sources; held-out prompts never get answers
+    assert [r["id"] for r in extra] == ["mmlu-00001-t1", "mmlu-00001-t2"]
+    assert all(r["temperature"] == 0.7 and r["split"] == "train" for r in extra)
