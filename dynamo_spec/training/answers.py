@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+import zlib
 from pathlib import Path
 
 from tqdm import tqdm
@@ -30,7 +31,8 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
                      max_new_tokens: int = 128, max_prompt_tokens: int = 1024,
                      max_num_seqs: int = 256, kv_cache_gib: float = 2.0, seed: int = 0,
                      minutes: float | None = None) -> Path:
-    """Append ``{"id", "source", "prompt_ids", "answer_ids", "answer"}`` rows.
+    """Append ``{"id", "source", "prompt_ids", "answer_ids", "answer"}`` rows (greedy;
+    rows with a ``temperature`` are sampled, seeded by ``seed`` and the row id).
 
     All prompts are queued at once (full batches throughout) in a seeded shuffled
     order, so any prefix is a balanced mix of the sources; each answer is written
@@ -58,15 +60,20 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
         ids = chat_prompt_ids(tok, r["messages"])
         if len(ids) <= max_prompt_tokens:
             pending[r["id"]] = (r, ids)
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+
+    def params(r: dict) -> SamplingParams:  # greedy, or sampled as the row asks
+        t = r.get("temperature") or 0.0
+        return SamplingParams(temperature=t, max_tokens=max_new_tokens,
+                              seed=zlib.crc32(f"{seed}-{r['id']}".encode()) if t else None)
+
     start, n_tokens = time.monotonic(), 0
     with offline_llm(target, kv_cache_bytes=int(kv_cache_gib * 2**30),
                      max_num_seqs=max_num_seqs) as llm, open(out_path, "a") as f, \
             tqdm(total=len(pending), desc="answers", unit="prompt") as bar:
         engine = llm.llm_engine
         rid_map = {key: key for key in pending}
-        for key, (_, ids) in pending.items():
-            rid_map[engine.add_request(key, TokensPrompt(prompt_token_ids=ids), params)] = key
+        for key, (r, ids) in pending.items():
+            rid_map[engine.add_request(key, TokensPrompt(prompt_token_ids=ids), params(r))] = key
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if not out.finished:

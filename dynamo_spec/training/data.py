@@ -230,7 +230,8 @@ SAMPLED_SOURCES = ("chatterbot", "mtbench", "humaneval", "mmlu", "bbh")
 def sampled_rows(rows: list[dict], per_prompt: int, temperature: float,
                  sources: tuple[str, ...] = SAMPLED_SOURCES) -> list[dict]:
     """``per_prompt`` extra rows for each train prompt of ``sources``, answered by
-    sampling at ``temperature`` (the sample index seeds it) instead of greedily: more
+    sampling at ``temperature`` (seeded by the run's seed and the row id) instead of
+    greedily: more
     of the target's text in the styles that have few prompts. The training targets
     stay the target's own distribution at every position."""
     return [{**r, "id": f"{r['id']}-t{j}", "temperature": temperature, "sample": j}

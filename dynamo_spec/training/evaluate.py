@@ -22,14 +22,14 @@ from .engine import offline_llm
 logger = logging.getLogger(__name__)
 
 
-def held_out_prompt_ids(target: Path, prompts_path: Path, n: int) -> list[list[int]]:
+def held_out_prompts(target: Path, prompts_path: Path, n: int) -> tuple[list[str], list]:
     """The first ``n`` prompts of the eval split, interleaving sources so any prefix is
-    a mix, as token ids with the target's chat template."""
+    a mix: their sources, and their token ids with the target's chat template."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    mixed = interleave_sources(read_jsonl(prompts_path, split="eval"))
-    return [chat_prompt_ids(tok, r["messages"]) for r in mixed[:n]]
+    mixed = interleave_sources(read_jsonl(prompts_path, split="eval"))[:n]
+    return [r["source"] for r in mixed], [chat_prompt_ids(tok, r["messages"]) for r in mixed]
 
 
 def acceptance(outputs, k: int) -> dict:
@@ -81,13 +81,19 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
                    speed_max_tokens: int = 64) -> dict:
     """Acceptance for each k in ``ks`` (all ``n`` prompts in one batch), then, when
     ``speed_runs`` > 0, tokens/s without speculation and with k = ``speed_k``."""
-    prompts = held_out_prompt_ids(target, prompts_path, n)
+    sources, prompts = held_out_prompts(target, prompts_path, n)
     result: dict = {"n_prompts": len(prompts), "max_tokens": max_tokens, "acceptance": []}
     for k in ks:
         with offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
                          per_request_spec_decode_metrics="summary") as llm:
             t0 = time.monotonic()
-            acc = acceptance(_generate(llm, prompts, max_tokens), k)
+            outputs = _generate(llm, prompts, max_tokens)
+            acc = acceptance(outputs, k)
+            acc["per_source"] = {}
+            for src in sorted(set(sources)):
+                part = acceptance([o for o, s in zip(outputs, sources) if s == src], k)
+                acc["per_source"][src] = {"n": sources.count(src), **{
+                    key: part[key] for key in ("mean_acceptance_length", "per_position")}}
             acc["seconds"] = round(time.monotonic() - t0, 1)
             result["acceptance"].append(acc)
             logger.info("k=%d: %s", k, acc)
@@ -111,6 +117,15 @@ def format_report(result: dict) -> str:
         pos = " / ".join(f"{p:.2f}" for p in a["per_position"])
         lines.append(f"| {a['k']} | {a['mean_acceptance_length']:.2f} | "
                      f"{a['acceptance_rate']:.2f} | {pos} |")
+    ks = [a["k"] for a in result["acceptance"]]
+    if ks:
+        lines += ["", "mean acceptance length per source:", "",
+                  "| source | prompts | " + " | ".join(f"k={k}" for k in ks) + " |",
+                  "|---|---|" + "---|" * len(ks)]
+        for src, first in result["acceptance"][0]["per_source"].items():
+            lens = [a["per_source"][src]["mean_acceptance_length"] for a in result["acceptance"]]
+            lines.append(f"| {src} | {first['n']} | " + " | ".join(f"{x:.2f}" for x in lens)
+                         + " |")
     if "speed_spec" in result:
         base, spec = result["speed_no_spec"], result["speed_spec"]
         lines += ["", f"tokens/s, median of {len(base['batch1_runs'])} runs, "

@@ -41,6 +41,11 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
         assert by_k[k]["acceptance_rate"] == pytest.approx(1.0)
         assert by_k[k]["per_position"] == pytest.approx([1.0] * k)
         assert by_k[k]["drafts"] == 3 * 32 // (k + 1)
+        per_source = by_k[k]["per_source"]
+        assert {s: v["n"] for s, v in per_source.items()} == {"a": 1, "b": 2}
+        assert all(v["mean_acceptance_length"] == pytest.approx(k + 1)
+                   for v in per_source.values())
     for key in ("speed_no_spec", "speed_spec"):
         assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
     assert "| 3 | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 |" in result.stdout
+    assert "| b | 2 | 2.00 | 4.00 |" in result.stdout
