@@ -11,12 +11,11 @@ import json
 import logging
 import random
 import time
-import zlib
 from pathlib import Path
 
 from tqdm import tqdm
 
-from .data import read_jsonl
+from .data import read_jsonl, sample_seed
 from .engine import offline_llm
 
 logger = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
     def params(r: dict) -> SamplingParams:  # greedy, or sampled as the row asks
         t = r.get("temperature") or 0.0
         return SamplingParams(temperature=t, max_tokens=max_new_tokens,
-                              seed=zlib.crc32(f"{seed}-{r['id']}".encode()) if t else None)
+                              seed=sample_seed(seed, r["id"]) if t else None)
 
     start, n_tokens = time.monotonic(), 0
     with offline_llm(target, kv_cache_bytes=int(kv_cache_gib * 2**30),

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,13 +231,18 @@ SAMPLED_SOURCES = ("chatterbot", "mtbench", "humaneval", "mmlu", "bbh")
 def sampled_rows(rows: list[dict], per_prompt: int, temperature: float,
                  sources: tuple[str, ...] = SAMPLED_SOURCES) -> list[dict]:
     """``per_prompt`` extra rows for each train prompt of ``sources``, answered by
-    sampling at ``temperature`` (seeded by the run's seed and the row id) instead of
-    greedily: more
-    of the target's text in the styles that have few prompts. The training targets
-    stay the target's own distribution at every position."""
-    return [{**r, "id": f"{r['id']}-t{j}", "temperature": temperature, "sample": j}
+    sampling at ``temperature`` (seeded by :func:`sample_seed`) instead of greedily:
+    more of the target's text in the styles that have few prompts. The training
+    targets stay the target's own distribution at every position."""
+    return [{**r, "id": f"{r['id']}-t{j}", "temperature": temperature}
             for j in range(1, per_prompt + 1) for r in rows
             if r["split"] == "train" and r["source"] in sources]
+
+
+def sample_seed(seed: int, row_id: str) -> int:
+    """The sampling seed of one row: the run's seed and the row id, so an answer does
+    not depend on which other rows it was batched with."""
+    return zlib.crc32(f"{seed}-{row_id}".encode())
 
 
 def write_prompts(path: Path, download_dir: Path, seed: int = 0,

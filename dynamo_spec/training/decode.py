@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import zlib
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .answers import chat_prompt_ids
-from .data import interleave_sources, read_jsonl
+from .data import interleave_sources, read_jsonl, sample_seed
 from .hidden_states import shard_path, write_shard
 
 logger = logging.getLogger(__name__)
@@ -277,7 +276,7 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
     encoded = [x for w in range(0, len(encoded), window)
                for x in sorted(encoded[w:w + window], key=lambda x: len(x[1]))]
     prompts = [ids for _, ids in encoded]
-    sampling = {q: (r["temperature"], zlib.crc32(f"{seed}-{r['id']}".encode()))
+    sampling = {q: (r["temperature"], sample_seed(seed, r["id"]))
                 for q, (r, _) in enumerate(encoded) if r.get("temperature")}
     with open(answers_path, "a") as f, tqdm(total=len(encoded), desc="answers+states",
                                              unit="prompt") as bar:

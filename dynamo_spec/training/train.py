@@ -139,9 +139,10 @@ def build_draft(target: Path, seqs: list[dict], cfg: TrainConfig, eos_id: int):
         draft.d2t.copy_(d2t_from_ids(d2t_ids))
     if cfg.init_from:
         init = load_file(str(Path(cfg.init_from) / "model.safetensors"))
-        keep = {k: v.float() for k, v in init.items() if k not in ("lm_head.weight", "d2t", "t2d")}
+        vocab_bound = {"lm_head.weight", "d2t", "t2d"}  # rebuilt for this run's vocabulary
+        keep = {k: v.float() for k, v in init.items() if k not in vocab_bound}
         missing, unexpected = draft.load_state_dict(keep, strict=False)
-        if unexpected or set(missing) - {"lm_head.weight", "d2t", "t2d"}:
+        if unexpected or set(missing) - vocab_bound:
             raise ValueError(f"{cfg.init_from}: not a draft of this shape "
                              f"(missing {missing}, unexpected {unexpected})")
         logger.info("initialised from %s (%d tensors)", cfg.init_from, len(keep))
