@@ -43,6 +43,11 @@ def register(subparsers) -> None:
                    "(chatterbot, mtbench, humaneval, mmlu, bbh)")
     p.add_argument("--temperature", type=float, default=0.7,
                    help="sampling temperature of those extra answers")
+    p.add_argument("--self-prompts", type=int, default=0,
+                   help="this many extra prompts written by the target itself (Magpie: "
+                   "sampled from its chat template's start of a user turn)")
+    p.add_argument("--self-temperature", type=float, default=0.8,
+                   help="sampling temperature of those prompts")
     p.add_argument("--init-from", type=Path,
                    help="start from this draft's weights (fc, decoder layer, norm) instead "
                    "of a random init")
@@ -85,7 +90,8 @@ def _train_draft(args: argparse.Namespace) -> int:
                          draft_vocab=args.draft_vocab, generator=args.generator,
                          more_chitchat=args.more_chitchat, data_from=tuple(args.data_from),
                          samples=args.samples, temperature=args.temperature,
-                         init_from=args.init_from)
+                         self_prompts=args.self_prompts,
+                         self_temperature=args.self_temperature, init_from=args.init_from)
     summary = run_pipeline(cfg)
     print(json.dumps(summary, indent=2))
     return 0

@@ -6,6 +6,7 @@ that keeps the states as it decodes, about 2x vLLM's CPU throughput here), or ``
 ``work_dir`` and skips what is already there, so re-running the same command after an
 interruption resumes (training from its last checkpoint). ``data_from`` adds the
 answers and states of earlier work dirs: their prompts are not answered again.
+``self_prompts`` adds prompts the target writes itself (:mod:`.self_prompts`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class PipelineConfig:
     more_chitchat: int = 20000
     samples: int = 0
     temperature: float = 0.7
+    self_prompts: int = 0
+    self_temperature: float = 0.8
     init_from: Path | None = None
     data_from: tuple = ()
     timings: dict = field(default_factory=dict)
@@ -60,6 +63,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     from .answers import generate_answers
     from .decode import generate_with_states
     from .hidden_states import extract_hidden_states, load_shards
+    from .self_prompts import merge_prompt_files, write_self_prompts
     from .train import TrainConfig, train
 
     work = cfg.work_dir
@@ -67,6 +71,11 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     prompts = _timed(cfg, "prompts", write_prompts, work / "prompts.jsonl", work / "downloads",
                      cfg.seed, more_chitchat=cfg.more_chitchat, samples=cfg.samples,
                      temperature=cfg.temperature)
+    if cfg.self_prompts:
+        own = _timed(cfg, "self_prompts", write_self_prompts, cfg.target,
+                     work / "self_prompts.jsonl", cfg.self_prompts, seed=cfg.seed,
+                     temperature=cfg.self_temperature)
+        prompts = merge_prompt_files(work / "answer_prompts.jsonl", prompts, own)
     if cfg.generator == "decoder":
         skip = {r["id"] for d in cfg.data_from for r in read_jsonl(Path(d) / "answers.jsonl")}
         _timed(cfg, "answers_and_states", generate_with_states, cfg.target, prompts, work,
@@ -86,7 +95,9 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                        init_from=cfg.init_from)
     summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
                      tcfg, eos_id)
-    summary.update({"timings_s": cfg.timings, "sources": source_table(),
+    sources = source_table() + ([{"name": "magpie", "package": "the target itself",
+                                  "licence": "the target's"}] if cfg.self_prompts else [])
+    summary.update({"timings_s": cfg.timings, "sources": sources,
                     "answer_sequences": len(seqs)})
     (work / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
