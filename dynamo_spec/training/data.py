@@ -258,6 +258,11 @@ def write_prompts(path: Path, download_dir: Path, seed: int = 0,
         rows += more_chitchat_prompts(download_dir, rows, more_chitchat, seed)
     if samples:
         rows += sampled_rows(rows, samples, temperature)
+    return write_jsonl(path, rows)
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    """Write ``rows`` as JSON lines all at once (a temp file, then a rename)."""
     tmp = path.with_suffix(".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "w") as f:

@@ -109,8 +109,8 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
 
 
 def format_report(result: dict) -> str:
-    lines = [f"held-out prompts: {result['n_prompts']}, greedy, max_tokens "
-             f"{result['max_tokens']}", "",
+    lines = [(f"held-out prompts: {result['n_prompts']}, greedy, max_tokens "
+              f"{result['max_tokens']}"), "",
              "| k | mean acceptance length | acceptance rate | per position |",
              "|---|---|---|---|"]
     for a in result["acceptance"]:
@@ -128,8 +128,8 @@ def format_report(result: dict) -> str:
                          + " |")
     if "speed_spec" in result:
         base, spec = result["speed_no_spec"], result["speed_spec"]
-        lines += ["", f"tokens/s, median of {len(base['batch1_runs'])} runs, "
-                  f"{result['speed_max_tokens']} new tokens per prompt:", "",
+        lines += ["", (f"tokens/s, median of {len(base['batch1_runs'])} runs, "
+                       f"{result['speed_max_tokens']} new tokens per prompt:"), "",
                   f"| tokens/s | no speculation | EAGLE-3 k={spec['k']} | speed-up |",
                   "|---|---|---|---|"]
         for key, label in (("batch1_tok_s", "batch 1"), ("batch8_tok_s", "batch 8")):

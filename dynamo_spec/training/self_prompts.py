@@ -9,7 +9,6 @@ prompt's; the training targets stay the target's own distribution.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .data import read_jsonl, sample_seed
+from .data import read_jsonl, sample_seed, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -115,19 +114,11 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
     logger.info("self-prompts: kept %d of %d sampled requests", len(texts), m)
     rows = [{"id": f"{SOURCE}-{i:05d}", "source": SOURCE, "split": "train",
              "messages": [{"role": "user", "content": text}]} for i, text in enumerate(texts)]
-    tmp = path.with_suffix(".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    tmp.rename(path)
-    return path
+    return write_jsonl(path, rows)
 
 
 def merge_prompt_files(out: Path, *paths: Path) -> Path:
     """One prompt file with the rows of ``paths`` in order (written once)."""
     if not out.exists():
-        tmp = out.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for p in paths for r in read_jsonl(p))
-        tmp.rename(out)
+        write_jsonl(out, [r for p in paths for r in read_jsonl(p)])
     return out
