@@ -36,6 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("--generator", choices=("decoder", "vllm"), default="decoder",
                    help="decoder: one transformers pass keeps the hidden states while it "
                    "decodes (default); vllm: vLLM answers, then a separate states pass")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the target's dtype in transformers (the decoder's answers and "
+                   "states, the self-prompts, vllm's states pass); default: bfloat16, the "
+                   "serving dtype")
     p.add_argument("--more-chitchat", type=int, default=20000,
                    help="extra chit-chat prompts (other cuts of non-held-out conversations)")
     p.add_argument("--samples", type=int, default=0,
@@ -88,6 +92,7 @@ def _train_draft(args: argparse.Namespace) -> int:
                          answer_minutes=args.answer_minutes,
                          max_new_tokens=args.max_new_tokens, aux_layers=args.aux_layers,
                          draft_vocab=args.draft_vocab, generator=args.generator,
+                         dtype=args.dtype,
                          more_chitchat=args.more_chitchat, data_from=tuple(args.data_from),
                          samples=args.samples, temperature=args.temperature,
                          self_prompts=args.self_prompts,

@@ -176,9 +176,12 @@ def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: T
     draft, dcfg, d2t_ids, embed = build_draft(target, seqs, cfg, eos_id)
     embed_draft = embed[d2t_ids]
     draft.lm_head.weight.requires_grad_(cfg.train_lm_head)
+    if not seqs:
+        raise ValueError("no answered sequences to train on")
     idx = list(range(len(seqs)))
     random.Random(cfg.seed).shuffle(idx)
-    val_idx, train_idx = idx[: cfg.val_sequences], sorted(idx[cfg.val_sequences:])
+    n_val = min(cfg.val_sequences, len(seqs) // 4)  # a small run still has rows to train on
+    val_idx, train_idx = idx[:n_val], sorted(idx[n_val:])
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr,
                             betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, total, elapsed = 0, cfg.steps, 0.0
@@ -209,7 +212,7 @@ def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: T
             bar.total = total
             logger.info("%.2f s/step: %d steps fit in %.0f min", per_step, total, cfg.minutes)
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", acc="/".join(f"{a:.2f}" for a in accs))
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{a:.2f}" for a in accs))
         if step % cfg.ckpt_every == 0 or step == total:
             torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), "step": step,
                         "total": total, "elapsed": time.monotonic() - t0}, ckpt_path)
