@@ -65,7 +65,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     from .answers import generate_answers
     from .decode import generate_with_states
     from .hidden_states import extract_hidden_states, load_shards
-    from .self_prompts import merge_prompt_files, write_self_prompts
+    from .self_prompts import SOURCE, merge_prompt_files, write_self_prompts
     from .train import TrainConfig, train
 
     work = cfg.work_dir
@@ -97,7 +97,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                        init_from=cfg.init_from)
     summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
                      tcfg, eos_id)
-    sources = source_table() + ([{"name": "magpie", "package": "the target itself",
+    sources = source_table() + ([{"name": SOURCE, "package": "the target itself",
                                   "licence": "the target's"}] if cfg.self_prompts else [])
     summary.update({"timings_s": cfg.timings, "sources": sources,
                     "answer_sequences": len(seqs)})
