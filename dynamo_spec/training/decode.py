@@ -212,6 +212,12 @@ class BatchDecoder:
         return [out[q] for q in range(len(prompts))]
 
 
+def model_eos_ids(model) -> set[int]:
+    """The ids that end an answer (a model config holds one id or a list)."""
+    eos = model.config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos])
+
+
 def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
                          aux_layers=(2, 15, 27), max_new_tokens: int = 192,
                          batch_size: int = 64, max_prompt_tokens: int = 512,
@@ -243,8 +249,7 @@ def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
             + [r for r in todo if r["source"] == "chitchat"])
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval()
-    eos = model.config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    eos_ids = model_eos_ids(model)
     encoded = [(r, chat_prompt_ids(tok, r["messages"])) for r in todo]
     encoded = [(r, ids) for r, ids in encoded if len(ids) <= max_prompt_tokens]
     spent_file = work / "answers.seconds"

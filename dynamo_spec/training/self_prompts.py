@@ -97,12 +97,13 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
     writes them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .decode import model_eos_ids
+
     if path.exists():
         return path
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval()
-    eos = model.config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    eos_ids = model_eos_ids(model)
     m = math.ceil(attempts * n)
     head = pre_query_ids(tok)
     per = [kinds[i % len(kinds)] for i in range(m)]

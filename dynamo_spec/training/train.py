@@ -172,12 +172,12 @@ def save_draft(draft: Eagle3Draft, dcfg: dict, out_dir: Path) -> None:
 def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: TrainConfig,
           eos_id: int) -> dict:
     """Train and write the draft; returns a summary for the model card."""
+    if not seqs:
+        raise ValueError("no answered sequences to train on")
     torch.manual_seed(cfg.seed)
     draft, dcfg, d2t_ids, embed = build_draft(target, seqs, cfg, eos_id)
     embed_draft = embed[d2t_ids]
     draft.lm_head.weight.requires_grad_(cfg.train_lm_head)
-    if not seqs:
-        raise ValueError("no answered sequences to train on")
     idx = list(range(len(seqs)))
     random.Random(cfg.seed).shuffle(idx)
     n_val = min(cfg.val_sequences, len(seqs) // 4)  # a small run still has rows to train on

@@ -225,3 +225,10 @@ def test_bbh_prompts_and_sampled_rows(tmp_path):
     # only train prompts of the small sources; held-out prompts never get answers
     assert [r["id"] for r in extra] == ["mmlu-00001-t1", "mmlu-00001-t2"]
     assert all(r["temperature"] == 0.7 and r["split"] == "train" for r in extra)
+
+
+def test_training_on_nothing_is_refused(tmp_path):
+    from dynamo_spec.training.train import train
+
+    with pytest.raises(ValueError, match="no answered sequences"):
+        train(tmp_path / "target", [], tmp_path / "out", tmp_path / "ck.pt", TrainConfig(), 0)
