@@ -52,6 +52,10 @@ def register(subparsers) -> None:
                    "sampled from its chat template's start of a user turn)")
     p.add_argument("--self-temperature", type=float, default=0.8,
                    help="sampling temperature of those prompts")
+    p.add_argument("--self-seed", type=int,
+                   help="sampling seed of those prompts (default: --seed); another seed "
+                   "gives new requests while the prompt split, set by --seed, stays; "
+                   "requests already in a --data-from dir are not kept again")
     p.add_argument("--init-from", type=Path,
                    help="start from this draft's weights (fc, decoder layer, norm) instead "
                    "of a random init")
@@ -96,7 +100,8 @@ def _train_draft(args: argparse.Namespace) -> int:
                          more_chitchat=args.more_chitchat, data_from=tuple(args.data_from),
                          samples=args.samples, temperature=args.temperature,
                          self_prompts=args.self_prompts,
-                         self_temperature=args.self_temperature, init_from=args.init_from)
+                         self_temperature=args.self_temperature, self_seed=args.self_seed,
+                         init_from=args.init_from)
     summary = run_pipeline(cfg)
     print(json.dumps(summary, indent=2))
     return 0

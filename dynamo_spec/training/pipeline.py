@@ -43,6 +43,7 @@ class PipelineConfig:
     temperature: float = 0.7
     self_prompts: int = 0
     self_temperature: float = 0.8
+    self_seed: int | None = None  # the self-prompts' sampling seed; default: ``seed``
     init_from: Path | None = None
     data_from: tuple = ()
     timings: dict = field(default_factory=dict)
@@ -61,6 +62,12 @@ def _timed(cfg: PipelineConfig, name: str, fn, *args, **kwargs):
     return result
 
 
+def _earlier_prompts(work: Path) -> list[dict]:
+    """The prompts an earlier work dir answered (with its self-prompts, if any)."""
+    merged = work / "answer_prompts.jsonl"
+    return read_jsonl(merged if merged.exists() else work / "prompts.jsonl")
+
+
 def run_pipeline(cfg: PipelineConfig) -> dict:
     from .answers import generate_answers
     from .decode import generate_with_states
@@ -74,9 +81,12 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                      cfg.seed, more_chitchat=cfg.more_chitchat, samples=cfg.samples,
                      temperature=cfg.temperature)
     if cfg.self_prompts:
+        known = {m["content"] for d in cfg.data_from for r in _earlier_prompts(Path(d))
+                 for m in r["messages"] if m["role"] == "user"}
         own = _timed(cfg, "self_prompts", write_self_prompts, cfg.target,
-                     work / "self_prompts.jsonl", cfg.self_prompts, seed=cfg.seed,
-                     temperature=cfg.self_temperature, dtype=cfg.dtype)
+                     work / "self_prompts.jsonl", cfg.self_prompts,
+                     seed=cfg.seed if cfg.self_seed is None else cfg.self_seed,
+                     temperature=cfg.self_temperature, dtype=cfg.dtype, known=known)
         prompts = merge_prompt_files(work / "answer_prompts.jsonl", prompts, own)
     if cfg.generator == "decoder":
         skip = {r["id"] for d in cfg.data_from for r in read_jsonl(Path(d) / "answers.jsonl")}

@@ -67,18 +67,20 @@ def sample_requests(model, heads: list[list[int]], eos_ids: set[int], *, seed: i
 
 
 def select_queries(tokenizer, requests: list[list[int]], eos_ids: set[int], n: int,
-                   min_chars: int = 24, kinds: list[tuple[str, str]] | None = None) -> list[str]:
+                   min_chars: int = 24, kinds: list[tuple[str, str]] | None = None,
+                   known: set[str] = frozenset()) -> list[str]:
     """The first ``n`` usable requests in order: ended on their own (EOS before the
-    token cap), pass :func:`keep_query` with their start, and new (case-insensitive).
+    token cap), pass :func:`keep_query` with their start, and new (case-insensitive),
+    also against ``known`` (lower-cased texts of earlier runs' prompts).
     ``kinds[i]`` is the (start, end) of request i: the text is start + request + end."""
-    out, seen = [], set()
+    out, seen = [], {k.lower() for k in known}
     for i, ans in enumerate(requests):
         if not ans or ans[-1] not in eos_ids:
             continue  # cut off at max_new_tokens
         start, end = kinds[i] if kinds else ("", "")
         text = (start + tokenizer.decode(ans, skip_special_tokens=True)).strip()
-        if keep_query(text, min_chars) and text.lower() not in seen:
-            seen.add(text.lower())
+        if keep_query(text, min_chars) and (text + end).lower() not in seen:
+            seen.add((text + end).lower())
             out.append(text + end)
             if len(out) == n:
                 break
@@ -89,12 +91,14 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
                        temperature: float = 0.8, max_new_tokens: int = 96,
                        batch_size: int = 64, min_chars: int = 24,
                        dtype: str = "bfloat16", attempts: float = 1.4,
-                       kinds: tuple[tuple[str, str], ...] = KINDS) -> Path:
+                       kinds: tuple[tuple[str, str], ...] = KINDS,
+                       known: set[str] = frozenset()) -> Path:
     """Write at most ``n`` target-written prompts to ``path`` once (idempotent):
     ``ceil(attempts * n)`` sampled requests (:func:`sample_requests`), request i of kind
-    ``kinds[i % len(kinds)]``, and the first ``n`` usable ones (:func:`select_queries`)
-    as ``{"id", "source", "split", "messages"}`` rows, as :func:`.data.build_prompts`
-    writes them."""
+    ``kinds[i % len(kinds)]``, and the first ``n`` usable ones not in ``known``
+    (:func:`select_queries`) as ``{"id", "source", "split", "messages"}`` rows, as
+    :func:`.data.build_prompts` writes them. Ids carry a non-zero ``seed`` so that runs
+    with different seeds can be trained on together."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .decode import model_eos_ids
@@ -111,9 +115,10 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
              for start, _ in per]
     requests = sample_requests(model, heads, eos_ids, seed=seed, temperature=temperature,
                                max_new_tokens=max_new_tokens, batch_size=batch_size)
-    texts = select_queries(tok, requests, eos_ids, n, min_chars, per)
+    texts = select_queries(tok, requests, eos_ids, n, min_chars, per, known)
     logger.info("self-prompts: kept %d of %d sampled requests", len(texts), m)
-    rows = [{"id": f"{SOURCE}-{i:05d}", "source": SOURCE, "split": "train",
+    prefix = SOURCE if seed == 0 else f"{SOURCE}-s{seed}"
+    rows = [{"id": f"{prefix}-{i:05d}", "source": SOURCE, "split": "train",
              "messages": [{"role": "user", "content": text}]} for i, text in enumerate(texts)]
     return write_jsonl(path, rows)
 

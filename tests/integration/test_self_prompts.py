@@ -66,6 +66,10 @@ def test_select_queries_keeps_finished_new_and_clean_requests(target):
     assert select_queries(tok, requests, {eos}, n=2, min_chars=16) == [
         "How do I keep basil alive?", "What is a prime number, simply put?"]
     assert select_queries(tok, requests, {eos}, n=10)[-1] == "Tell me a story about a fox."
+    # a request an earlier run already has is not kept again
+    assert select_queries(tok, requests, {eos}, n=10,
+                          known={"tell me a story about a fox."})[-1] == (
+        "What is a prime number, simply put?")
     # a started request: start + request + end, the start counted in the checks
     kinds = [("", "")] * 5 + [("Which of the following", "\nExplain.")]
     started = requests[:5] + [req(" is a mammal? (A) cat (B) trout")]
@@ -82,7 +86,7 @@ def test_written_prompts_are_rows_like_the_other_sources(target, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) <= 4
     for i, r in enumerate(rows):
-        assert r["id"] == f"magpie-{i:05d}" and r["split"] == "train"
+        assert r["id"] == f"magpie-s1-{i:05d}" and r["split"] == "train"  # seed 1
         assert r["source"] == "magpie" and keep_query(r["messages"][0]["content"], 1)
     before = out.stat().st_mtime_ns
     write_self_prompts(path, out, 4)  # written once
