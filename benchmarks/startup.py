@@ -1,6 +1,7 @@
 """Server start-up time, memory and first answer for a config.
 
-    python -m benchmarks.startup --config configs/smollm2-135m-instruct-eagle3-cpu.yaml [overrides]
+    python -m benchmarks.startup --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
+        [--temperature T] [overrides]
 
 Starts `dynamo-spec serve`, measures the time until /health answers 200, the RSS of
 the whole process tree (API process, EngineCore, worker), and the first chat answer.
@@ -23,6 +24,8 @@ from tests.server import free_port
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--temperature", type=float,
+                        help="the chat request's temperature (default: the request's default, 1)")
     args, overrides = parser.parse_known_args()
     port = free_port()
     t0 = time.monotonic()
@@ -42,10 +45,12 @@ def main() -> None:
         ready = time.monotonic() - t0
         name = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         t1 = time.monotonic()
-        answer = requests.post(url + "/v1/chat/completions", timeout=300, json={
-            "model": name, "max_tokens": 250,
-            "messages": [{"role": "user", "content": "Write a poem about why Sakura trees are beautiful."}],
-        }).json()
+        body = {"model": name, "max_tokens": 250,
+                "messages": [{"role": "user",
+                              "content": "Write a poem about why Sakura trees are beautiful."}]}
+        if args.temperature is not None:
+            body["temperature"] = args.temperature
+        answer = requests.post(url + "/v1/chat/completions", timeout=300, json=body).json()
         first = time.monotonic() - t1
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         rss = sum(p.memory_info().rss for p in tree)
