@@ -79,8 +79,9 @@ def select_queries(tokenizer, requests: list[list[int]], eos_ids: set[int], n: i
             continue  # cut off at max_new_tokens
         start, end = kinds[i] if kinds else ("", "")
         text = (start + tokenizer.decode(ans, skip_special_tokens=True)).strip()
-        if keep_query(text, min_chars) and (text + end).lower() not in seen:
-            seen.add((text + end).lower())
+        key = (text + end).lower()
+        if keep_query(text, min_chars) and key not in seen:
+            seen.add(key)
             out.append(text + end)
             if len(out) == n:
                 break
