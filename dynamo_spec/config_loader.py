@@ -209,11 +209,16 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> None:
 
 
 def _lookup(sources: Mapping[Path_, str], path: Path_) -> str | None:
-    """Source of a value: its own, else those of the keys set inside it (a mapping)."""
+    """Source of a value: its own, else those of the keys set inside it (a mapping), else its parent's."""
     if path in sources:
         return sources[path]
     inner = sorted({src for p, src in sources.items() if p[: len(path)] == path})
-    return ", ".join(inner) or None
+    if inner:
+        return ", ".join(inner)
+    for n in range(len(path) - 1, 0, -1):  # an item inside a value (e.g. a list) set as a whole
+        if path[:n] in sources:
+            return sources[path[:n]]
+    return None
 
 
 def _explain(exc: ValidationError, sources: dict[Path_, str], config_file: str | Path | None) -> str:
@@ -230,6 +235,8 @@ def _explain(exc: ValidationError, sources: dict[Path_, str], config_file: str |
             parent = _model_at(loc[:-1])
             hint = did_you_mean(loc[-1], parent.model_fields) if parent else ""
             message = f"unknown key{hint}"
+        elif err["type"] == "missing" and _lookup(sources, loc) is not None:
+            message = "missing item"  # e.g. a [lo, hi, k] entry with two items
         elif err["type"] == "missing":
             where = str(config_file) if config_file else "no config file"
             message = "required but not set"

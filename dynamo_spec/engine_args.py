@@ -15,6 +15,8 @@ def speculative_config(settings: Settings) -> dict[str, Any] | None:
     config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
     if spec.model is not None:
         config["model"] = spec.model
+    if spec.num_speculative_tokens_per_batch_size is not None:
+        config["num_speculative_tokens_per_batch_size"] = [list(e) for e in spec.num_speculative_tokens_per_batch_size]
     if spec.draft_tensor_parallel_size is not None:
         config["draft_tensor_parallel_size"] = spec.draft_tensor_parallel_size
     config.update(spec.extra)

@@ -76,7 +76,50 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
             # With the wrong method, the EAGLE-3 layer checks would only repeat the same mistake.
             eagle3 = spec.method == "eagle3" and not method_problems
             problems += _check_pairing(target, draft, eagle3, spec.aux_hidden_state_layer_ids, on_cpu)
+    if spec.enabled and spec.num_speculative_tokens_per_batch_size is not None:
+        max_num_seqs = settings.engine.max_num_seqs
+        where = "engine.max_num_seqs"
+        if max_num_seqs is None:
+            max_num_seqs = VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu else "gpu"]
+            where = "vLLM's default max_num_seqs here"
+        problems += check_schedule(spec.num_speculative_tokens_per_batch_size, spec.num_speculative_tokens,
+                                   max_num_seqs, where)
     problems += _check_memory(settings, target, draft, on_cpu)
+    return problems
+
+
+# vLLM 0.32's max_num_seqs for its OpenAI server when none is set (engine/arg_utils.py;
+# large GPUs such as H100 get 1024, which a schedule ending at 1024 covers too).
+VLLM_DEFAULT_MAX_NUM_SEQS = {"cpu": 128, "gpu": 256}
+SCHEDULE_FIELD = "speculative.num_speculative_tokens_per_batch_size"
+
+
+def check_schedule(schedule: list[tuple[int, int, int]], k: int, max_num_seqs: int,
+                   where: str = "engine.max_num_seqs") -> list[Problem]:
+    """A batch-size schedule of k: ordered, non-overlapping ranges covering 1..max_num_seqs, 0 <= k_i <= k."""
+    problems: list[Problem] = []
+    if not schedule:
+        return [Problem("error", f"{SCHEDULE_FIELD}: empty; give entries [lo, hi, k] or leave it unset")]
+    expected_lo = 1
+    malformed = False
+    for i, (lo, hi, k_i) in enumerate(schedule):
+        entry = f"{SCHEDULE_FIELD}[{i}] [{lo}, {hi}, {k_i}]"
+        if lo < 1 or hi < lo:
+            malformed = True  # then the coverage check below would only repeat this line
+            problems.append(Problem("error", f"{entry}: a range needs 1 <= lo <= hi (batch sizes are inclusive)"))
+        elif lo < expected_lo:
+            problems.append(Problem("error", f"{entry}: overlaps or is out of order with the previous range "
+                                             f"(next range must start at {expected_lo})"))
+        elif lo > expected_lo:
+            problems.append(Problem("error", f"{entry}: batch sizes {expected_lo}..{lo - 1} have no range "
+                                             f"(the ranges must cover 1..{max_num_seqs} without gaps)"))
+        if not 0 <= k_i <= k:
+            problems.append(Problem("error", f"{entry}: k must be in 0..speculative.num_speculative_tokens ({k}); "
+                                             "vLLM would silently cap it"))
+        expected_lo = max(expected_lo, hi + 1)
+    if expected_lo <= max_num_seqs and not malformed:
+        problems.append(Problem("error", f"{SCHEDULE_FIELD}: the ranges end at {expected_lo - 1} but {where} is "
+                                         f"{max_num_seqs}; extend the last range to {max_num_seqs}"))
     return problems
 
 

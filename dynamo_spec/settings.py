@@ -113,6 +113,12 @@ class SpeculativeSettings(_Section):
     method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
     model: str | None = Field(None, description="Draft checkpoint: a local directory or a Hugging Face id.")
     num_speculative_tokens: int = Field(3, ge=1, le=32, description="Tokens the draft proposes per step (k).")
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(
+        None,
+        description="Batch-size schedule of k: entries [lo, hi, k], inclusive ranges of the number of requests "
+        "in an engine step; k=0 turns speculation off in that range; k <= num_speculative_tokens. "
+        "`dynamo-spec bench` derives one for a host.",
+    )
     draft_tensor_parallel_size: int | None = Field(None, ge=1)
     aux_hidden_state_layer_ids: list[int] | None = Field(
         None,
@@ -135,7 +141,8 @@ class SpeculativeSettings(_Section):
     @field_validator("extra")
     @classmethod
     def _known_speculative_fields(cls, extra: dict[str, Any]) -> dict[str, Any]:
-        typed = {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size"}
+        typed = {"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                 "draft_tensor_parallel_size"}
         _check_passthrough(extra, speculative_field_names(), typed, "speculative")
         return extra
 

@@ -92,3 +92,12 @@ def test_cpu_thread_binding_covers_all_cores_on_small_cpu_hosts_only():
     for cpus, is_cpu in (({0, 1}, False), (set(range(16)), True)):  # GPU host; big CPU host
         env = {}
         assert default_cpu_thread_binding(env, cpus=cpus, is_cpu=is_cpu) is None and env == {}
+
+
+def test_schedule_reaches_the_speculative_config(repo_root):
+    settings = load_settings(
+        repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml",
+        ["--speculative.num_speculative_tokens_per_batch_size", "[[1, 2, 3], [3, 128, 0]]"], {},
+    ).settings
+    assert engine_kwargs(settings)["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
+        [1, 2, 3], [3, 128, 0]]

@@ -156,3 +156,43 @@ def test_cli_check_exit_code_and_one_line_per_problem(pair):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2, result.stderr  # wrong method, wrong hidden size
     assert "Traceback" not in result.stderr
+
+
+# --- the batch-size schedule of k --------------------------------------------
+
+def test_a_good_schedule_passes(pair):
+    target, draft, _ = pair
+    schedule = "[[1, 2, 3], [3, 8, 1], [9, 128, 0]]"
+    assert check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", schedule) == []
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    ("[[1, 4, 3], [4, 128, 0]]", "[1] [4, 128, 0]: overlaps or is out of order"),
+    ("[[1, 4, 3], [6, 128, 0]]", "batch sizes 5..5 have no range"),
+    ("[[2, 128, 3]]", "batch sizes 1..1 have no range"),
+    ("[[1, 4, 5], [5, 128, 0]]", "[0] [1, 4, 5]: k must be in 0..speculative.num_speculative_tokens (3)"),
+    ("[[1, 4, 3], [5, 16, 0]]", "the ranges end at 16 but vLLM's default max_num_seqs here is 128"),
+    ("[[1, 4, 3], [5, 3, 0]]", "[1] [5, 3, 0]: a range needs 1 <= lo <= hi"),
+])
+def test_bad_schedules_are_one_line_each(pair, schedule, expected):
+    target, draft, _ = pair
+    error = only_error(check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", schedule))
+    assert error.startswith("error: speculative.num_speculative_tokens_per_batch_size") and expected in error
+
+
+def test_schedule_must_cover_the_configured_max_num_seqs(pair):
+    target, draft, _ = pair
+    schedule = "[[1, 4, 3], [5, 16, 0]]"
+    assert check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", schedule,
+                 "--engine.max_num_seqs", "16") == []
+    error = only_error(check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", schedule,
+                             "--engine.max_num_seqs", "32"))
+    assert "the ranges end at 16 but engine.max_num_seqs is 32" in error
+
+
+def test_schedule_entries_are_typed(pair, tmp_path):
+    from dynamo_spec.config_loader import ConfigError
+
+    target, draft, _ = pair
+    with pytest.raises(ConfigError, match=r"cli: speculative.num_speculative_tokens_per_batch_size.0.2: missing item"):
+        check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", "[[1, 2]]")
