@@ -73,10 +73,23 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    rows = effective_config(_load(args))
+    from dynamo_spec.host import detect_host, resolve_dtype
+
+    loaded = _load(args)
+    rows = effective_config(loaded)
+    # Values resolved at start-up (field -> (what vLLM gets, why)), shown beside what was written.
+    dtype, why = resolve_dtype(loaded.settings.engine.dtype, detect_host())
+    resolved = {"engine.dtype": (dtype, why)} if why else {}
     if args.json:
-        print(json.dumps([{"field": f, "value": v, "source": s} for f, v, s in rows], indent=2, default=str))
+        out = []
+        for f, v, s in rows:
+            out.append({"field": f, "value": v, "source": s})
+            if f in resolved:
+                out[-1].update(resolved=resolved[f][0], why=resolved[f][1])
+        print(json.dumps(out, indent=2, default=str))
         return 0
+    rows = [(f, f"{v} -> {resolved[f][0]}", f"{s} ({resolved[f][1]})") if f in resolved else (f, v, s)
+            for f, v, s in rows]
     width = max(len(f) for f, _, _ in rows)
     vwidth = min(48, max(len(_show(v)) for _, v, _ in rows))
     for field, value, source in rows:

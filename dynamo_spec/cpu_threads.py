@@ -15,16 +15,12 @@ import logging
 import os
 from collections.abc import MutableMapping
 
+from dynamo_spec.host import on_cpu
+
 logger = logging.getLogger("dynamo_spec.cpu_threads")
 
 SMALL = 4
 VAR = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-def _is_cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
 
 
 def default_cpu_thread_binding(environ: MutableMapping[str, str] | None = None,
@@ -36,7 +32,7 @@ def default_cpu_thread_binding(environ: MutableMapping[str, str] | None = None,
     if VAR in environ:
         return None
     cpus = set(os.sched_getaffinity(0)) if cpus is None else cpus
-    if len(cpus) > SMALL or not (_is_cpu_platform() if is_cpu is None else is_cpu):
+    if len(cpus) > SMALL or not (on_cpu() if is_cpu is None else is_cpu):
         return None
     value = ",".join(str(c) for c in sorted(cpus))
     environ[VAR] = value

@@ -10,6 +10,7 @@ from typing import Any
 
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import build_engine_args
+from dynamo_spec.host import detect_host, resolve_dtype
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
 
@@ -26,6 +27,10 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     from vllm.v1.engine.async_llm import AsyncLLM
 
     default_cpu_thread_binding()
+    host = detect_host()
+    dtype, why = resolve_dtype(settings.engine.dtype, host)
+    if why:
+        logger.info("engine.dtype: %s (%s; CPU: %s)", dtype, why, host.cpu_model)
     engine = AsyncLLM.from_engine_args(build_engine_args(settings), stat_loggers=list(stat_loggers) or None)
     try:
         yield engine

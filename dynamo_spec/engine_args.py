@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynamo_spec.host import Host, detect_host, resolve_dtype
 from dynamo_spec.settings import Settings
 
 
@@ -23,14 +24,19 @@ def speculative_config(settings: Settings) -> dict[str, Any] | None:
     return config
 
 
-def engine_kwargs(settings: Settings) -> dict[str, Any]:
-    """Keyword arguments of AsyncEngineArgs (plain data, easy to pin in tests)."""
+def engine_kwargs(settings: Settings, host: Host | None = None) -> dict[str, Any]:
+    """Keyword arguments of AsyncEngineArgs (plain data, easy to pin in tests).
+
+    With `host`, ``dtype: auto`` is resolved for it (see dynamo_spec.host); without,
+    it is passed through as written.
+    """
     engine = settings.engine
+    dtype = resolve_dtype(engine.dtype, host)[0] if host is not None else engine.dtype
     kwargs: dict[str, Any] = {
         "model": engine.model,
         "tokenizer": engine.tokenizer,
         "served_model_name": [settings.served_model_name],
-        "dtype": engine.dtype,
+        "dtype": dtype,
         "max_model_len": engine.max_model_len,
         "tensor_parallel_size": engine.tensor_parallel_size,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
@@ -50,4 +56,4 @@ def engine_kwargs(settings: Settings) -> dict[str, Any]:
 def build_engine_args(settings: Settings):  # -> vllm.engine.arg_utils.AsyncEngineArgs
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    return AsyncEngineArgs(**engine_kwargs(settings))
+    return AsyncEngineArgs(**engine_kwargs(settings, detect_host()))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from dynamo_spec.host import on_cpu as host_on_cpu
 from dynamo_spec.settings import Settings
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -61,7 +62,7 @@ class Checkpoint:
 def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Problem]:
     problems: list[Problem] = []
     if on_cpu is None:
-        on_cpu = _on_cpu()
+        on_cpu = host_on_cpu()
     target = _load(settings.engine.model, "engine.model", problems)
     spec = settings.speculative
     draft = None
@@ -338,9 +339,3 @@ def _gpu_memory() -> int:
     import torch
 
     return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 0
-
-
-def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()

@@ -36,7 +36,7 @@ def test_cpu_default(repo_root):
     assert engine_kwargs(settings) == {
         "model": str(repo_root / ".cache/models/SmolLM2-135M-Instruct"),
         "served_model_name": ["SmolLM2-135M-Instruct"],
-        "dtype": "bfloat16",
+        "dtype": "auto",  # resolved per host at start-up (tests/unit/test_host.py)
         "max_model_len": 2048,
         "tensor_parallel_size": 1,
         "gpu_memory_utilization": 0.9,

@@ -1,0 +1,63 @@
+"""engine.dtype: auto follows the CPU's instruction set; explicit dtypes always win."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamo_spec.config_loader import load_settings
+from dynamo_spec.engine_args import engine_kwargs
+from dynamo_spec.host import Host, cpu_info, resolve_dtype
+
+pytestmark = pytest.mark.unit
+
+AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
+AMX = frozenset({"avx2", "avx512f", "amx_bf16", "amx_tile"})
+AVX2 = frozenset({"avx2", "fma"})
+
+
+def host(flags: frozenset[str], on_cpu: bool = True, **environ: str) -> Host:
+    return Host(on_cpu=on_cpu, cpu_model="test", cpu_flags=flags, environ=environ)
+
+
+@pytest.mark.parametrize("flags, expected", [(AVX512_BF16, "bfloat16"), (AMX, "bfloat16"), (AVX2, "float32")])
+def test_auto_on_cpu_follows_native_bf16(flags, expected):
+    dtype, why = resolve_dtype("auto", host(flags))
+    assert dtype == expected
+    assert why.startswith("auto on CPU: ")
+
+
+@pytest.mark.parametrize("environ", [{"ONEDNN_MAX_CPU_ISA": "avx2"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+                                     {"ATEN_CPU_CAPABILITY": "avx2"}])
+def test_an_isa_cap_below_bf16_counts_as_no_bf16(environ):
+    dtype, why = resolve_dtype("auto", host(AMX, **environ))
+    assert dtype == "float32" and next(iter(environ)) in why
+
+
+def test_a_cap_that_keeps_bf16_keeps_bf16():
+    assert resolve_dtype("auto", host(AMX, ONEDNN_MAX_CPU_ISA="AVX512_CORE_BF16"))[0] == "bfloat16"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_explicit_dtype_wins(dtype):
+    assert resolve_dtype(dtype, host(AVX2)) == (dtype, None)
+    assert resolve_dtype(dtype, host(AMX)) == (dtype, None)
+
+
+def test_auto_on_gpu_is_vllms_choice():
+    assert resolve_dtype("auto", host(AVX2, on_cpu=False)) == ("auto", None)
+
+
+def test_cpu_info_reads_model_and_flags(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n")
+    assert cpu_info(path) == ("AMD EPYC 7B13", frozenset({"fpu", "avx2", "fma"}))
+    assert cpu_info(tmp_path / "missing") == ("unknown", frozenset())
+
+
+def test_cpu_default_config_resolves_per_host(repo_root):
+    settings = load_settings(repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml", [], {}).settings
+    assert settings.engine.dtype == "auto"
+    assert engine_kwargs(settings, host(AVX2))["dtype"] == "float32"
+    assert engine_kwargs(settings, host(AMX))["dtype"] == "bfloat16"
+    assert engine_kwargs(settings)["dtype"] == "auto"  # without a host: as written
