@@ -55,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.set_defaults(func=cmd_prepare_default)
 
     from dynamo_spec import verify
+    from dynamo_spec.bench import run as bench
     from dynamo_spec.training import cli as training_cli
+
+    bench.register(sub)
 
     training_cli.register(sub)
     verify.register(sub)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,11 +13,7 @@ from typing import Any
 import requests
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dynamo_spec.bench.server import free_port
 
 
 def tiny_config(target: Path, draft: Path | None, *, k: int = 3, **sections: dict[str, Any]) -> dict[str, Any]:

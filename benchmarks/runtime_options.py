@@ -1,0 +1,104 @@
+"""Runtime options of the CPU serving path, measured through the server.
+
+    python -m benchmarks.runtime_options --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
+        [--variants none,tcmalloc,iomp,both] [--k 0,3] [--concurrency 1,4] [--rounds 2]
+
+Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
+binding) and/or config overrides; every (variant, k) gets its own server, and the
+rounds alternate the order. The load is the bench's (streaming chat, openai client,
+greedy, judge prompts). Prints the median output tokens/s per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from dynamo_spec.bench.load import run_cell
+from dynamo_spec.bench.prompts import load_sets, split
+from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from dynamo_spec.config_loader import load_settings
+
+
+def find_lib(patterns: list[str]) -> str | None:
+    for pattern in patterns:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[0]
+    return None
+
+
+def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
+    prefix = sys.prefix
+    tcmalloc = find_lib(["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/*/libtcmalloc_minimal.so*",
+                         f"{prefix}/lib/python3*/site-packages/*/libtcmalloc*.so*"])
+    iomp = find_lib([f"{prefix}/lib/libiomp5.so"])
+    out: dict[str, tuple[dict[str, str], list[str]]] = {"none": ({}, [])}
+    if tcmalloc:
+        out["tcmalloc"] = ({"LD_PRELOAD": tcmalloc}, [])
+    if iomp:
+        out["iomp"] = ({"LD_PRELOAD": iomp}, [])
+    if tcmalloc and iomp:
+        out["both"] = ({"LD_PRELOAD": f"{tcmalloc}:{iomp}"}, [])
+    out["bind-auto"] = ({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, [])
+    out["fp32"] = ({}, ["--engine.dtype", "float32"])
+    out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
+    return out
+
+
+async def measure(url: str, model: str, items: list[dict], concurrency: list[int], max_tokens: int) -> dict[int, float]:
+    await run_cell(url, model, items, concurrency=2, requests=4, max_tokens=16, temperature=0)
+    out = {}
+    for c in concurrency:
+        cell = await run_cell(url, model, items, concurrency=c, requests=max(8, 4 * c), max_tokens=max_tokens,
+                              temperature=0)
+        out[c] = cell.output_tokens / cell.wall
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--variants", default="none,tcmalloc,iomp,both")
+    parser.add_argument("--k", default="0,3")
+    parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("runs/runtime-options"))
+    args = parser.parse_args()
+    known = variants()
+    names = [v for v in args.variants.split(",") if v]
+    missing = [v for v in names if v not in known]
+    if missing:
+        raise SystemExit(f"unknown or unavailable variants: {missing} (available: {sorted(known)})")
+    ks = [int(k) for k in args.k.split(",")]
+    cs = [int(c) for c in args.concurrency.split(",")]
+    model = load_settings(args.config).settings.served_model_name
+    items = split(load_sets())[1]
+    results: dict[tuple[str, int], list[dict[int, float]]] = {}
+    for r in range(args.rounds):
+        plan = [(v, k) for v in names for k in ks]
+        for name, k in (plan if r % 2 == 0 else plan[::-1]):
+            env, overrides = known[name]
+            spec = ["--speculative.enabled", "false"] if k == 0 else ["--speculative.num_speculative_tokens", str(k)]
+            port = free_port()
+            server = ManagedServer(serve_command(args.config, port, [*overrides, *spec]), port,
+                                   args.out / f"{name}-k{k}-{r}.log", env={**os.environ, **env})
+            with server:
+                got = asyncio.run(measure(server.url, model, items, cs, args.max_tokens))
+            results.setdefault((name, k), []).append(got)
+            print(f"round {r} {name} k={k}: " + ", ".join(f"c={c} {t:.1f}" for c, t in got.items()), flush=True)
+    print(f"\n| variant | " + " | ".join(f"k={k} c={c}" for k in ks for c in cs) + " |")
+    print("|---|" + "---|" * (len(ks) * len(cs)))
+    for name in names:
+        cells = [statistics.median(run[c] for run in results[(name, k)]) for k in ks for c in cs]
+        print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""`dynamo-spec bench`: does speculation pay on this host and this traffic, and at which batch sizes?"""

@@ -1,0 +1,301 @@
+"""Bench figures: per-cell summaries, the derived batch-size schedule, the verdict, Markdown and plots.
+
+Pure functions over plain data (the JSON the bench writes), so the report can be
+rebuilt from a saved run and its consistency checked in tests.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dynamo_spec.bench.load import CellResult
+
+BASELINE = "k=0"
+REPEAT = "k=0 (repeat)"
+SCHEDULE = "schedule"
+TARGET_C1 = 1.3  # the issue's targets: >= 1.3x at concurrency 1, >= 0.97x at 4 and above
+TARGET_HIGH = 0.97
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(values)
+
+    def pct(q: float) -> float:  # linear interpolation, as numpy's default
+        pos = (len(ordered) - 1) * q
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "mean": statistics.fmean(ordered)}
+
+
+def spec_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """Acceptance over a cell from two readings of vLLM's spec-decode counters (see read_spec_counters)."""
+    d = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in set(before) | set(after)}
+    drafts, draft_tokens, accepted = (int(d.get(n, 0)) for n in ("drafts", "draft_tokens", "accepted"))
+    positions = sorted(int(key.split(":")[1]) for key in d if key.startswith("pos:"))
+    per_pos = [int(d[f"pos:{p}"]) for p in positions]
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "per_position_acceptance": [a / drafts for a in per_pos] if drafts else [],
+    }
+
+
+def summarize_cell(cell: CellResult, spec: dict[str, Any]) -> dict[str, Any]:
+    ok = cell.completed
+    return {
+        "concurrency": cell.concurrency,
+        "requests": len(cell.requests),
+        "failed": len(cell.requests) - len(ok),
+        "errors": sorted({r.error for r in cell.requests if r.error})[:3],
+        "wall_s": cell.wall,
+        "output_tokens": cell.output_tokens,
+        "output_tokens_per_s": cell.output_tokens / cell.wall if cell.wall > 0 else 0.0,
+        "requests_per_s": len(ok) / cell.wall if cell.wall > 0 else 0.0,
+        "ttft_s": percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "itl_s": percentiles([r.itl for r in ok if r.itl is not None]),
+        "e2e_s": percentiles([r.e2e for r in ok]),
+        **spec,
+    }
+
+
+def rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
+    cell = columns.get(name, {}).get("cells", {}).get(split, {}).get(str(c))
+    return cell["output_tokens_per_s"] if cell else None
+
+
+def add_speedups(columns: dict[str, Any]) -> None:
+    """speedup = output tokens/s of the cell / that of k=0 (first run) at the same concurrency and prompts."""
+    for name, column in columns.items():
+        for split, cells in column["cells"].items():
+            for c, cell in cells.items():
+                base = rate(columns, BASELINE, split, int(c))
+                cell["speedup"] = cell["output_tokens_per_s"] / base if base else None
+
+
+def noise(columns: Mapping[str, Any], split: str = "judge") -> dict[str, float]:
+    """Run-to-run noise per concurrency: |a - b| / mean of the two k=0 runs (first and last server)."""
+    out = {}
+    for c in columns.get(REPEAT, {}).get("cells", {}).get(split, {}):
+        a, b = rate(columns, BASELINE, split, int(c)), rate(columns, REPEAT, split, int(c))
+        if a and b:
+            out[c] = abs(a - b) / ((a + b) / 2)
+    return out
+
+
+def choose_k(columns: Mapping[str, Any], ks: Sequence[int], concurrencies: Sequence[int], margin: float,
+             split: str = "derive") -> dict[int, int]:
+    """Best k per concurrency on the derive prompts; k > 0 only if it beats k=0 by more than `margin`."""
+    choice = {}
+    for c in concurrencies:
+        base = rate(columns, BASELINE, split, c) or 0.0
+        best_k, best = 0, base * (1 + margin)
+        for k in ks:
+            r = rate(columns, f"k={k}", split, c) if k else None
+            if r is not None and r > best:
+                best_k, best = k, r
+        choice[c] = best_k
+    return choice
+
+
+def schedule_from_choice(choice: Mapping[int, int], max_batch: int) -> list[list[int]]:
+    """Inclusive batch-size ranges [lo, hi, k] around the measured concurrencies.
+
+    A concurrency c stands for the batch sizes up to the geometric mean of c and the next
+    measured one; the last range runs to `max_batch`. Neighbours with the same k merge.
+    """
+    cs = sorted(choice)
+    entries: list[list[int]] = []
+    lo = 1
+    for i, c in enumerate(cs):
+        hi = max(lo, math.floor(math.sqrt(c * cs[i + 1]))) if i + 1 < len(cs) else max(max_batch, lo)
+        if entries and entries[-1][2] == choice[c]:
+            entries[-1][1] = hi
+        else:
+            entries.append([lo, hi, choice[c]])
+        lo = hi + 1
+    return entries
+
+
+def verdict(columns: Mapping[str, Any], concurrencies: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
+    """Judge split: the schedule against k=0 and the best fixed k, per concurrency, within the noise."""
+    noise_by_c = noise(columns)
+    rows = {}
+    for c in concurrencies:
+        sched = rate(columns, SCHEDULE, "judge", c)
+        base = rate(columns, BASELINE, "judge", c)
+        fixed = {k: rate(columns, f"k={k}", "judge", c) for k in ks if k}
+        fixed = {k: r for k, r in fixed.items() if r is not None}
+        best_k = max(fixed, key=fixed.get) if fixed else None
+        if base is not None and (best_k is None or base >= fixed[best_k]):
+            best_k = 0
+        best = base if best_k == 0 else fixed.get(best_k)
+        n = noise_by_c.get(str(c))
+        row = {
+            "schedule_speedup": sched / base if sched and base else None,
+            "best_fixed_k": best_k,
+            "schedule_vs_best_fixed": sched / best if sched and best else None,
+            "noise": n,
+        }
+        target = TARGET_C1 if c == 1 else TARGET_HIGH if c >= 4 else None
+        row["target"] = target
+        row["meets_target"] = None if target is None or row["schedule_speedup"] is None else (
+            row["schedule_speedup"] >= target)
+        row["within_noise_of_best"] = None if row["schedule_vs_best_fixed"] is None or n is None else (
+            row["schedule_vs_best_fixed"] >= 1 - n)
+        rows[str(c)] = row
+    return rows
+
+
+def recommendation(choice: Mapping[int, int], entries: list[list[int]]) -> str:
+    pays = sorted(c for c, k in choice.items() if k > 0)
+    loses = sorted(c for c, k in choice.items() if k == 0)
+    if not pays:
+        return ("Speculation does not pay on this host and traffic at any measured concurrency: serve without it "
+                "(speculative.enabled: false).")
+    text = f"Speculation pays at concurrency {', '.join(map(str, pays))}"
+    if loses:
+        text += f" and does not at {', '.join(map(str, loses))}"
+    return text + f": use the derived schedule {entries}."
+
+
+# --- Markdown ------------------------------------------------------------------
+
+
+def _f(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    columns = result["columns"]
+    cs = result["settings"]["concurrency"]
+    host = result["host"]
+    lines = [
+        f"# dynamo-spec bench: {result['settings']['model']}",
+        "",
+        f"Host: {host['cpu_model']} ({host['cores']} cores; {host['isa']}); dtype {host['dtype']}; "
+        f"vLLM {host['vllm']}; LD_PRELOAD {host['ld_preload'] or 'none'}; {result['started']}.",
+        f"Load: streaming chat completions via the official openai client, max_tokens "
+        f"{result['settings']['max_tokens']}, temperature {result['settings']['temperature']}, requests per cell "
+        f"max({result['settings']['requests']}, 2 x concurrency).",
+        "",
+        "## Output tokens/s (speed-up against k=0), judge prompts",
+        "",
+        "| column | " + " | ".join(f"c={c}" for c in cs) + " |",
+        "|---|" + "---|" * len(cs),
+    ]
+    for name, column in columns.items():
+        cells = column["cells"].get("judge", {})
+        row = [f"{_f(cells[str(c)]['output_tokens_per_s'])} ({_f(cells[str(c)].get('speedup'), '{:.2f}x')})"
+               if str(c) in cells else "-" for c in cs]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += ["", "## Derive prompts (the schedule is chosen from these)", "",
+              "| column | " + " | ".join(f"c={c}" for c in cs) + " | chosen k |", "|---|" + "---|" * (len(cs) + 1)]
+    for name, column in columns.items():
+        cells = column["cells"].get("derive", {})
+        if not cells:
+            continue
+        row = [f"{_f(cells[str(c)]['output_tokens_per_s'])} ({_f(cells[str(c)].get('speedup'), '{:.2f}x')})"
+               if str(c) in cells else "-" for c in cs]
+        lines.append(f"| {name} | " + " | ".join(row) + " | |")
+    derived = result["derived"]
+    lines.append("| **chosen k** | " + " | ".join(str(derived["choice"].get(str(c), "-")) for c in cs) + " | |")
+    lines += ["", f"Schedule (`speculative.num_speculative_tokens_per_batch_size`): `{derived['schedule']}` "
+                  f"(k > 0 only where it beats k=0 by more than {100 * derived['margin']:.0f} %); "
+                  f"config written to `{derived['config_file']}`.", ""]
+    lines += ["## Verdict (judge prompts)", "",
+              "| concurrency | schedule vs k=0 | target | best fixed k | schedule vs best fixed k | noise | within noise |",
+              "|---|---|---|---|---|---|---|"]
+    for c in cs:
+        v = result["verdict"].get(str(c), {})
+        target = "-" if v.get("target") is None else f">= {v['target']}x: {'yes' if v['meets_target'] else 'NO'}"
+        within = {True: "yes", False: "NO", None: "-"}[v.get("within_noise_of_best")]
+        lines.append(f"| {c} | {_f(v.get('schedule_speedup'), '{:.2f}x')} | {target} | {v.get('best_fixed_k', '-')} | "
+                     f"{_f(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {_f(v.get('noise'), '{:.1%}')} | {within} |")
+    lines += ["", f"Noise: |k=0 first run - k=0 last run| / mean, per concurrency, judge prompts "
+                  f"(median {_f(result['noise_median'], '{:.1%}')}).", "",
+              f"**Recommendation:** {result['recommendation']}", ""]
+    lines += ["## Latency and acceptance per cell (judge prompts)", "",
+              "| column | c | tokens/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | e2e p50 s | "
+              "acceptance rate | mean acceptance length | per position | failed |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, column in columns.items():
+        for c in cs:
+            cell = column["cells"].get("judge", {}).get(str(c))
+            if not cell:
+                continue
+            ms = lambda p: "/".join(_f(None if p[q] is None else 1000 * p[q], "{:.0f}") for q in ("p50", "p90", "p99"))  # noqa: E731
+            lines.append(
+                f"| {name} | {c} | {_f(cell['output_tokens_per_s'])} | {_f(cell['requests_per_s'], '{:.2f}')} | "
+                f"{ms(cell['ttft_s'])} | {ms(cell['itl_s'])} | {_f(cell['e2e_s']['p50'], '{:.2f}')} | "
+                f"{_f(cell['acceptance_rate'], '{:.3f}')} | {_f(cell['mean_acceptance_length'], '{:.2f}')} | "
+                f"{' / '.join(f'{p:.2f}' for p in cell['per_position_acceptance']) or '-'} | {cell['failed']} |")
+    lines += ["", f"Command: `{result['command']}`", ""]
+    return "\n".join(lines)
+
+
+# --- plots -----------------------------------------------------------------------
+
+
+def plots(result: Mapping[str, Any], out_dir: Any) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns, cs = result["columns"], result["settings"]["concurrency"]
+    written = []
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, column in columns.items():
+        cells = column["cells"].get("judge", {})
+        xs = [c for c in cs if str(c) in cells]
+        style = {"linewidth": 3, "color": "black"} if name == SCHEDULE else {"linestyle": "--"} if name == REPEAT else {}
+        ax1.plot(xs, [cells[str(c)]["output_tokens_per_s"] for c in xs], marker="o", label=name, **style)
+        ax2.plot(xs, [cells[str(c)].get("speedup") or 0 for c in xs], marker="o", label=name, **style)
+    for ax, title in ((ax1, "output tokens/s"), (ax2, "speed-up vs k=0")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cs, [str(c) for c in cs])
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    ax2.axhline(1.0, color="grey", linewidth=1)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"{result['settings']['model']} on {result['host']['cpu_model']} (judge prompts)")
+    fig.tight_layout()
+    path = f"{out_dir}/throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for name, column in columns.items():
+        if not name.startswith("k=") or name in (BASELINE, REPEAT):
+            continue
+        cells = [cell for cell in column["cells"].get("judge", {}).values() if cell["drafts"]]
+        if not cells:
+            continue
+        drafts = sum(cell["drafts"] for cell in cells)
+        k = len(cells[0]["per_position_acceptance"])
+        per_pos = [sum(cell["per_position_acceptance"][p] * cell["drafts"] for cell in cells) / drafts
+                   for p in range(k)]
+        ax.plot(range(1, k + 1), per_pos, marker="o", label=name)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("share of drafts accepted at this position")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("acceptance by position (judge prompts, all concurrencies)")
+    fig.tight_layout()
+    path = f"{out_dir}/acceptance_by_position.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written

@@ -1,0 +1,83 @@
+"""A `dynamo-spec serve` process (or any OpenAI server command) started, waited for and stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(config: Path, port: int, overrides: list[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "dynamo_spec", "serve", "--config", str(config), "--server.host", "127.0.0.1",
+            "--server.port", str(port), *overrides]
+
+
+class ManagedServer:
+    """Runs `argv` in its own process group, logging to `log_path`; ready when /health answers 200."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path, env: dict[str, str] | None = None):
+        self.argv = argv
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.ready_after: float | None = None
+
+    def start(self, timeout: float = 600) -> ManagedServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("w")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with status {self.proc.returncode}; last lines of {self.log_path}:\n"
+                                   + self.log()[-3000:])
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.ready_after = time.monotonic() - t0
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM, then SIGKILL the whole group if anything is left."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # helpers (EngineCore, workers) left behind, if any
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> ManagedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,98 @@
+"""`dynamo-spec bench` end to end on the tiny fixtures: short runs, a consistent report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.server import tiny_config
+
+pytestmark = pytest.mark.integration
+
+KS = [0, 1, 3]
+CONCURRENCY = [1, 4]
+PROMPTS = ["What is the capital of France?", "Write a poem about the sea.", "def add(a, b):", "Hello!",
+           "Explain speculative decoding.", "Tell me a story about a cat."]
+
+
+@pytest.fixture(scope="module")
+def bench(tiny_models, tmp_path_factory):
+    work = tmp_path_factory.mktemp("bench")
+    config = tiny_config(tiny_models["fixed_target"], tiny_models["partial_draft"], k=3)
+    config_path = work / "tiny.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    prompts = work / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
+    out = work / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynamo_spec", "bench", "--config", str(config_path), "--k", ",".join(map(str, KS)),
+         "--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", "4", "--max-tokens", "12",
+         "--prompts", str(prompts), "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "bench.json").read_text()), out, proc.stdout
+
+
+def test_every_cell_is_present_and_answered(bench):
+    result, _, _ = bench
+    expected = {f"k={k}": {"derive", "judge"} for k in KS} | {"schedule": {"judge"}, "k=0 (repeat)": {"judge"}}
+    assert {name: set(col["cells"]) for name, col in result["columns"].items()} == expected
+    for col in result["columns"].values():
+        for cells in col["cells"].values():
+            assert sorted(map(int, cells)) == CONCURRENCY
+            for c, cell in cells.items():
+                assert cell["failed"] == 0, cell["errors"]
+                assert cell["requests"] == max(4, 2 * int(c))
+                assert cell["output_tokens"] == 12 * cell["requests"]  # the fixed target never stops early
+                assert cell["ttft_s"]["p50"] <= cell["e2e_s"]["p50"]
+
+
+def test_acceptance_is_consistent_and_known(bench):
+    result, _, _ = bench
+    for name, col in result["columns"].items():
+        for cells in col["cells"].values():
+            for cell in cells.values():
+                assert 0 <= cell["accepted_tokens"] <= cell["draft_tokens"]
+                if name in ("k=0", "k=0 (repeat)"):
+                    assert cell["drafts"] == 0 and cell["acceptance_rate"] is None
+    # The partial draft is accepted at its first position only: at k=3 the rate is 1/3, length 2.
+    for cell in result["columns"]["k=3"]["cells"]["judge"].values():
+        assert cell["acceptance_rate"] == pytest.approx(1 / 3)
+        assert cell["mean_acceptance_length"] == pytest.approx(2.0)
+        assert cell["per_position_acceptance"] == pytest.approx([1.0, 0.0, 0.0])
+
+
+def test_speedups_are_ratios_of_measured_rates(bench):
+    result, _, _ = bench
+    cols = result["columns"]
+    for col in cols.values():
+        for split, cells in col["cells"].items():
+            for c, cell in cells.items():
+                base = cols["k=0"]["cells"][split][c]["output_tokens_per_s"]
+                assert cell["speedup"] == pytest.approx(cell["output_tokens_per_s"] / base)
+                assert cell["output_tokens_per_s"] == pytest.approx(cell["output_tokens"] / cell["wall_s"])
+    for c, v in result["verdict"].items():
+        sched = cols["schedule"]["cells"]["judge"][c]["output_tokens_per_s"]
+        assert v["schedule_speedup"] == pytest.approx(sched / cols["k=0"]["cells"]["judge"][c]["output_tokens_per_s"])
+
+
+def test_schedule_is_derived_written_and_passes_preflight(bench):
+    result, out, stdout = bench
+    derived = result["derived"]
+    assert sorted(map(int, derived["choice"])) == CONCURRENCY
+    assert derived["schedule"][0][0] == 1 and derived["schedule"][-1][1] >= 128
+    written = yaml.safe_load((out / "config-with-schedule.yaml").read_text())
+    top = max(k for _, _, k in derived["schedule"])
+    assert written["speculative"]["enabled"] is (top > 0)
+    check = subprocess.run([sys.executable, "-m", "dynamo_spec", "check", "--config",
+                            str(out / "config-with-schedule.yaml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert result["recommendation"] in stdout and "## Verdict" in stdout
+    assert (out / "bench.md").read_text().startswith("# dynamo-spec bench")
+    for png in ("throughput.png", "acceptance_by_position.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,90 @@
+"""The bench's figures from plain data: percentiles, acceptance deltas, the derived schedule, the verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamo_spec.bench import report
+from dynamo_spec.bench.prompts import PromptError, load_sets, read_prompts, split
+from dynamo_spec.preflight import check_schedule
+
+pytestmark = pytest.mark.unit
+
+
+def test_percentiles_interpolate_like_numpy():
+    p = report.percentiles([1.0, 2.0, 3.0, 4.0])
+    assert p["p50"] == 2.5 and p["mean"] == 2.5
+    assert p["p90"] == pytest.approx(3.7) and p["p99"] == pytest.approx(3.97)
+    assert report.percentiles([])["p50"] is None
+
+
+def test_spec_delta_uses_vllms_definitions():
+    before = {"drafts": 10, "draft_tokens": 30, "accepted": 12, "pos:0": 8, "pos:1": 3, "pos:2": 1}
+    after = {"drafts": 30, "draft_tokens": 90, "accepted": 42, "pos:0": 26, "pos:1": 12, "pos:2": 4}
+    d = report.spec_delta(before, after)
+    assert (d["drafts"], d["draft_tokens"], d["accepted_tokens"]) == (20, 60, 30)
+    assert d["acceptance_rate"] == 0.5
+    assert d["mean_acceptance_length"] == 2.5
+    assert d["per_position_acceptance"] == [0.9, 0.45, 0.15]
+    assert report.spec_delta({}, {})["acceptance_rate"] is None
+
+
+def columns(rates: dict[str, dict[int, float]], split_: str = "derive") -> dict:
+    return {name: {"cells": {split_: {str(c): {"output_tokens_per_s": r} for c, r in by_c.items()}}}
+            for name, by_c in rates.items()}
+
+
+def test_choose_k_picks_the_best_k_and_zero_where_speculation_loses():
+    cols = columns({"k=0": {1: 30, 4: 100, 32: 400}, "k=2": {1: 40, 4: 110, 32: 300},
+                    "k=3": {1: 42, 4: 102, 32: 280}})
+    assert report.choose_k(cols, [0, 2, 3], [1, 4, 32], margin=0.03) == {1: 3, 4: 2, 32: 0}
+    # within the margin k=0 stays
+    assert report.choose_k(cols, [0, 2, 3], [1, 4, 32], margin=0.15) == {1: 3, 4: 0, 32: 0}
+
+
+def test_schedule_ranges_cover_every_batch_size_and_pass_preflight():
+    schedule = report.schedule_from_choice({1: 3, 2: 3, 4: 2, 8: 2, 16: 0, 32: 0}, max_batch=128)
+    assert schedule == [[1, 2, 3], [3, 11, 2], [12, 128, 0]]  # split at the geometric means (2.8, 11.3)
+    assert check_schedule(schedule, k=3, max_num_seqs=128) == []
+    assert report.schedule_from_choice({1: 0}, 64) == [[1, 64, 0]]
+
+
+def test_speedup_is_the_ratio_of_measured_rates_and_noise_uses_the_repeat():
+    cols = columns({"k=0": {1: 30, 4: 100}, "k=3": {1: 45, 4: 90}, "k=0 (repeat)": {1: 33, 4: 100}}, "judge")
+    report.add_speedups(cols)
+    assert cols["k=3"]["cells"]["judge"]["1"]["speedup"] == 1.5
+    assert cols["k=3"]["cells"]["judge"]["4"]["speedup"] == 0.9
+    assert report.noise(cols) == {"1": pytest.approx(3 / 31.5), "4": 0.0}
+
+
+def test_verdict_compares_the_schedule_with_k0_and_the_best_fixed_k():
+    cols = columns({"k=0": {1: 30, 4: 100}, "k=3": {1: 45, 4: 90}, "schedule": {1: 44, 4: 99},
+                    "k=0 (repeat)": {1: 30, 4: 102}}, "judge")
+    v = report.verdict(cols, [1, 4], [0, 3])
+    assert v["1"]["best_fixed_k"] == 3 and v["1"]["schedule_speedup"] == pytest.approx(44 / 30)
+    assert v["1"]["meets_target"] is True and v["1"]["within_noise_of_best"] is False  # noise 0 at c=1
+    assert v["4"]["best_fixed_k"] == 0 and v["4"]["schedule_speedup"] == pytest.approx(0.99)
+    assert v["4"]["meets_target"] is True and v["4"]["within_noise_of_best"] is True  # 0.99 >= 1 - 2 %
+
+
+def test_recommendation_says_where_speculation_does_not_pay():
+    assert "does not pay" in report.recommendation({1: 0, 4: 0}, [[1, 128, 0]])
+    text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]])
+    assert "pays at concurrency 1" in text and "does not at 32" in text
+
+
+def test_shipped_prompt_sets_split_apart(tmp_path):
+    sets = load_sets()
+    assert set(sets) == {"chat", "code", "summarize"}
+    derive, judge = split(sets)
+    assert len(derive) + len(judge) == sum(len(v) for v in sets.values())
+    assert not {str(i) for i in derive} & {str(i) for i in judge}
+
+
+def test_prompt_files_accept_messages_or_prompt_and_reject_the_rest(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "yo"}]}\n')
+    assert read_prompts(path)[0] == {"messages": [{"role": "user", "content": "hi"}]}
+    path.write_text('{"prompt": "hi"}\n{"text": "no"}\n')
+    with pytest.raises(PromptError, match=r"p.jsonl:2: expected"):
+        read_prompts(path)
