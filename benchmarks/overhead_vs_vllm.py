@@ -32,7 +32,7 @@ from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.config_loader import load_settings
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import engine_kwargs
-from dynamo_spec.host import detect_host
+from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host
 
 
 def vllm_serve_argv(config: Path, port: int) -> list[str]:
@@ -100,7 +100,10 @@ def main() -> None:
     model = settings.served_model_name
     items = read_prompts(args.prompts) if args.prompts else split(load_sets())[1]
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    default_cpu_thread_binding()  # the same binding for both servers (ours sets it the same way itself)
+    # The same thread binding and preloads for both servers (ours sets them the same way itself).
+    default_cpu_thread_binding()
+    if settings.engine.cpu_preload and detect_host().on_cpu:
+        apply_cpu_preload(os.environ, cpu_preload_libraries())
     rows: dict[str, list[dict]] = {"ours": [], "vllm": []}
     for r in range(args.rounds):
         order = ("ours", "vllm") if r % 2 == 0 else ("vllm", "ours")
@@ -116,7 +119,7 @@ def main() -> None:
     print(f"\n| c | throughput ours/vLLM | TTFT p50 ours/vLLM | ITL p50 ours/vLLM |  ({args.rounds} rounds, median) |")
     print("|---|---|---|---|")
     for c in concurrency:
-        ratios = {key: statistics.median(o[c][key] / v[c][key] for o, v in zip(rows["ours"], rows["vllm"]))
+        ratios = {key: statistics.median(o[c][key] / v[c][key] for o, v in zip(rows["ours"], rows["vllm"], strict=True))
                   for key in ("tokens_per_s", "ttft_p50", "itl_p50")}
         print(f"| {c} | {ratios['tokens_per_s']:.3f} | {ratios['ttft_p50']:.3f} | {ratios['itl_p50']:.3f} |")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -38,14 +38,22 @@ def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
     tcmalloc = find_lib(["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/*/libtcmalloc_minimal.so*",
                          f"{prefix}/lib/python3*/site-packages/*/libtcmalloc*.so*"])
     iomp = find_lib([f"{prefix}/lib/libiomp5.so"])
-    out: dict[str, tuple[dict[str, str], list[str]]] = {"none": ({}, [])}
+    own = ["--engine.cpu_preload", "false"]  # the preloads below are the variant's, not the server's default
+    out: dict[str, tuple[dict[str, str], list[str]]] = {"none": ({}, own)}
     if tcmalloc:
-        out["tcmalloc"] = ({"LD_PRELOAD": tcmalloc}, [])
+        out["tcmalloc"] = ({"LD_PRELOAD": tcmalloc}, own)
     if iomp:
-        out["iomp"] = ({"LD_PRELOAD": iomp}, [])
+        out["iomp"] = ({"LD_PRELOAD": iomp}, own)
     if tcmalloc and iomp:
-        out["both"] = ({"LD_PRELOAD": f"{tcmalloc}:{iomp}"}, [])
+        out["both"] = ({"LD_PRELOAD": f"{tcmalloc}:{iomp}"}, own)
+    out["default"] = ({}, [])  # what `serve` does by itself (engine.cpu_preload: true)
+    # An AVX2 host approximated on an AVX-512/AMX one: oneDNN and PyTorch capped at AVX2.
+    cap = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    out["avx2-bf16"] = (cap, ["--engine.dtype", "bfloat16"])
+    out["avx2-fp32"] = (cap, ["--engine.dtype", "float32"])
     out["bind-auto"] = ({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, [])
+    out["stream4"] = ({}, ["--engine.extra.stream_interval", "4"])  # fewer, larger stream chunks
+    out["inproc"] = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [])  # EngineCore inside the API process
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
     return out
@@ -85,7 +93,9 @@ def main() -> None:
         plan = [(v, k) for v in names for k in ks]
         for name, k in (plan if r % 2 == 0 else plan[::-1]):
             env, overrides = known[name]
-            spec = ["--speculative.enabled", "false"] if k == 0 else ["--speculative.num_speculative_tokens", str(k)]
+            spec = (["--speculative.enabled", "false"] if k == 0 else
+                    ["--speculative.num_speculative_tokens", str(k),
+                     "--speculative.num_speculative_tokens_per_batch_size", "null"])  # a fixed k
             port = free_port()
             server = ManagedServer(serve_command(args.config, port, [*overrides, *spec]), port,
                                    args.out / f"{name}-k{k}-{r}.log", env={**os.environ, **env})
@@ -93,7 +103,7 @@ def main() -> None:
                 got = asyncio.run(measure(server.url, model, items, cs, args.max_tokens))
             results.setdefault((name, k), []).append(got)
             print(f"round {r} {name} k={k}: " + ", ".join(f"c={c} {t:.1f}" for c, t in got.items()), flush=True)
-    print(f"\n| variant | " + " | ".join(f"k={k} c={c}" for k in ks for c in cs) + " |")
+    print("\n| variant | " + " | ".join(f"k={k} c={c}" for k in ks for c in cs) + " |")
     print("|---|" + "---|" * (len(ks) * len(cs)))
     for name in names:
         cells = [statistics.median(run[c] for run in results[(name, k)]) for k in ks for c in cs]

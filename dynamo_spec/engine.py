@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -10,7 +11,7 @@ from typing import Any
 
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import build_engine_args
-from dynamo_spec.host import detect_host, resolve_dtype
+from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
 
@@ -31,6 +32,10 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
         logger.info("engine.dtype: %s (%s; CPU: %s)", dtype, why, host.cpu_model)
+    if host.on_cpu and settings.engine.cpu_preload:
+        added = apply_cpu_preload(os.environ, cpu_preload_libraries())
+        if added:
+            logger.info("LD_PRELOAD for the engine's processes: %s (engine.cpu_preload)", ":".join(added))
     engine = AsyncLLM.from_engine_args(build_engine_args(settings), stat_loggers=list(stat_loggers) or None)
     try:
         yield engine

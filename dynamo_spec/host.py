@@ -90,3 +90,43 @@ def resolve_dtype(requested: str, host: Host) -> tuple[str, str | None]:
     if native:
         return "bfloat16", f"auto on CPU: {why}"
     return "float32", f"auto on CPU: {why}, so bf16 would be emulated (slow); fp32"
+
+
+# --- preloads of vLLM's engine processes on CPU ---------------------------------------
+#
+# vLLM's CPU worker warns that speculative decoding without Intel OpenMP in LD_PRELOAD
+# "will cause significant performance loss", and that tcmalloc is not preloaded.
+# Measured through the server (docs/bench-cpu-default.md) they pay on the project's hosts,
+# so the engine's processes get them where they are installed: Intel OpenMP from the
+# PyPI package intel-openmp (in this environment's lib/), tcmalloc from Debian's
+# libtcmalloc-minimal4. The engine's processes are started after this is set and
+# inherit it; the API process itself is not affected.
+TCMALLOC_CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/*/libtcmalloc_minimal.so.4",
+                       "/usr/lib64/libtcmalloc_minimal.so.4")
+
+
+def cpu_preload_libraries(prefix: str | None = None) -> list[str]:
+    """Intel OpenMP and tcmalloc shared libraries found on this machine (either may be missing)."""
+    import glob
+    import sys
+
+    found: list[str] = []
+    iomp = Path(prefix or sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        found.append(str(iomp))
+    for pattern in TCMALLOC_CANDIDATES:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            found.append(hits[0])
+            break
+    return found
+
+
+def apply_cpu_preload(environ: dict[str, str] | os._Environ, libraries: list[str]) -> list[str]:
+    """Prepend `libraries` not yet in LD_PRELOAD; return those added."""
+    current = environ.get("LD_PRELOAD", "")
+    names = {Path(p).name.split(".so")[0] for p in current.replace(" ", ":").split(":") if p}
+    added = [lib for lib in libraries if Path(lib).name.split(".so")[0] not in names]
+    if added:
+        environ["LD_PRELOAD"] = ":".join([*added, *([current] if current else [])])
+    return added

@@ -92,6 +92,10 @@ class EngineSettings(_Section):
     )
     enforce_eager: bool = Field(False, description="Skip graph capture/compilation: faster start, slower decode.")
     max_num_seqs: int | None = Field(None, ge=1, description="Maximum concurrent sequences.")
+    cpu_preload: bool = Field(
+        True, description="CPU only: LD_PRELOAD Intel OpenMP (PyPI intel-openmp) and tcmalloc (Debian "
+        "libtcmalloc-minimal4) into vLLM's engine processes where installed (faster; see docs/bench-cpu-default.md)."
+    )
     seed: int = 0
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
         "summary", description="Speculative stats on each response (metrics.speculative_decoding)."

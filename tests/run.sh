@@ -5,7 +5,8 @@
 #
 # Installs (once): the project's .venv with the CPU/GPU vLLM build and test extras,
 # and, as root, the Debian packages `prometheus` and `docker-compose` (real
-# Prometheus and promtool for the metrics tests; compose-file validation).
+# Prometheus and promtool for the metrics tests; compose-file validation) and
+# `libtcmalloc-minimal4` (preloaded into vLLM's CPU engine processes).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/env.sh"
 cd "$DYNAMO_SPEC_ROOT"
@@ -13,6 +14,8 @@ cd "$DYNAMO_SPEC_ROOT"
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+# tcmalloc, preloaded into vLLM's engine processes on CPU (engine.cpu_preload) as the servers do in production.
+ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || missing+=(libtcmalloc-minimal4)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo ">>> apt-get install ${missing[*]}" >&2

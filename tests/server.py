@@ -13,7 +13,7 @@ from typing import Any
 import requests
 import yaml
 
-from dynamo_spec.bench.server import free_port
+from dynamo_spec.bench.server import ManagedServer, free_port
 
 
 def tiny_config(target: Path, draft: Path | None, *, k: int = 3, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -48,39 +48,21 @@ def _group_members(pgid: int) -> list[str]:
     return members
 
 
-class ServerProcess:
-    """`python -m dynamo_spec serve` in its own process group, on a free port."""
+class ServerProcess(ManagedServer):
+    """`python -m dynamo_spec serve` in its own process group, on a free port; on stop,
+    asserts that SIGTERM took the engine processes with it."""
 
     def __init__(self, config: dict[str, Any], workdir: Path, *, extra_args: list[str] = (), env: dict | None = None):
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = workdir / f"server-{self.port}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = workdir / f"server-{self.port}.log"
-        self.argv = [sys.executable, "-m", "dynamo_spec", "serve", "--config", str(self.config_path),
-                     "--server.port", str(self.port), *extra_args]
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen | None = None
+        argv = [sys.executable, "-m", "dynamo_spec", "serve", "--config", str(self.config_path),
+                "--server.port", str(self.port), *extra_args]
+        super().__init__(argv, self.port, workdir / f"server-{self.port}.log", env=env)
 
     def start(self, timeout: float = 240) -> ServerProcess:
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().start(timeout)
+        return self
 
     def stop(self, timeout: float = 30) -> int | None:
         """SIGTERM the server; it must exit and take its engine processes with it."""
@@ -95,18 +77,9 @@ class ServerProcess:
         deadline = time.monotonic() + 5  # let helper processes (e.g. the resource tracker) exit
         while (leftovers := _group_members(self.proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if leftovers:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
+        returncode = super().stop(timeout)  # closes the log; SIGKILLs whatever is left
         assert not leftovers, f"processes left after SIGTERM: {leftovers}\n{self.log()[-3000:]}"
-        return self.proc.returncode
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return returncode
 
     def metrics(self) -> str:
         return requests.get(self.url + "/metrics", timeout=10).text

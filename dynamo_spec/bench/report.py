@@ -74,7 +74,7 @@ def rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | N
 
 def add_speedups(columns: dict[str, Any]) -> None:
     """speedup = output tokens/s of the cell / that of k=0 (first run) at the same concurrency and prompts."""
-    for name, column in columns.items():
+    for column in columns.values():
         for split, cells in column["cells"].items():
             for c, cell in cells.items():
                 base = rate(columns, BASELINE, split, int(c))

@@ -84,8 +84,8 @@ def read_spec_counters(url: str) -> dict[str, float]:
     return out
 
 
-def host_info(dtype: str) -> dict[str, Any]:
-    from dynamo_spec.host import detect_host
+def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
+    from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host
 
     try:
         import vllm
@@ -97,7 +97,15 @@ def host_info(dtype: str) -> dict[str, Any]:
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in host.cpu_flags]
     return {"cpu_model": host.cpu_model, "cores": len(os.sched_getaffinity(0)), "isa": " ".join(isa) or "none",
             "dtype": dtype, "vllm": vllm_version, "dynamo_spec": __version__, "python": platform.python_version(),
-            "ld_preload": os.environ.get("LD_PRELOAD", "")}
+            "ld_preload": _engine_ld_preload(preload and host.on_cpu, apply_cpu_preload, cpu_preload_libraries)}
+
+
+def _engine_ld_preload(preload: bool, apply: Any, libraries: Any) -> str:
+    """LD_PRELOAD the servers' engine processes get: the environment's, plus engine.cpu_preload's."""
+    env = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
+    if preload:
+        apply(env, libraries())
+    return env["LD_PRELOAD"]
 
 
 async def _measure(url: str, model: str, items: list[dict], c: int, args: argparse.Namespace, bar: tqdm) -> dict:
@@ -142,6 +150,7 @@ def write_schedule_config(config: Path, schedule: list[list[int]], out: Path) ->
             return rel if rel.startswith("../") else "./" + rel
         return value
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     data = rebase(data)
     spec = data.setdefault("speculative", {})
     top = max(k for _, _, k in schedule)
@@ -158,6 +167,14 @@ def write_schedule_config(config: Path, schedule: list[list[int]], out: Path) ->
     out.write_text(f"# Written by dynamo-spec bench from {config.name}; schedule derived on "
                    f"{host_info('-')['cpu_model']}.\n" + yaml.safe_dump(data, sort_keys=False))
     return out
+
+
+def _relative(path: str | None) -> str | None:
+    """A local path relative to the working directory (reports travel between machines)."""
+    if path and os.path.isabs(path) and Path(path).exists():
+        rel = os.path.relpath(path)
+        return rel if not rel.startswith("../../") else path
+    return path
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -214,11 +231,11 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
         "command": shlex.join(["dynamo-spec", *sys.argv[1:]]) if sys.argv[0].endswith("__main__.py")
         else shlex.join(sys.argv),
         "settings": {"config": str(config), "overrides": args.overrides, "model": model,
-                     "draft": settings.speculative.model, "method": settings.speculative.method, "ks": ks,
+                     "draft": _relative(settings.speculative.model), "method": settings.speculative.method, "ks": ks,
                      "concurrency": concurrencies, "requests": args.requests, "max_tokens": args.max_tokens,
                      "temperature": args.temperature, "prompt_sets": {n: len(v) for n, v in sets.items()},
                      "derive_prompts": len(derive), "judge_prompts": len(judge)},
-        "host": host_info(resolve_dtype(settings.engine.dtype, host)[0]),
+        "host": host_info(resolve_dtype(settings.engine.dtype, host)[0], settings.engine.cpu_preload),
         "columns": {},
     }
     bar = tqdm(total=total, unit="req", desc="bench")

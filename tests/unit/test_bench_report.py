@@ -88,3 +88,23 @@ def test_prompt_files_accept_messages_or_prompt_and_reject_the_rest(tmp_path):
     path.write_text('{"prompt": "hi"}\n{"text": "no"}\n')
     with pytest.raises(PromptError, match=r"p.jsonl:2: expected"):
         read_prompts(path)
+
+
+def test_written_schedule_config_keeps_its_paths_and_passes_preflight(repo_root, tmp_path):
+    from dynamo_spec.bench.run import write_schedule_config
+    from dynamo_spec.config_loader import load_settings
+
+    original = repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml"
+    schedule = [[1, 2, 2], [3, 128, 0]]
+    written = write_schedule_config(original, schedule, tmp_path / "deep" / "config-with-schedule.yaml")
+    before = load_settings(original, [], {}).settings
+    after = load_settings(written, [], {}).settings
+    assert after.engine.model == before.engine.model and after.speculative.model == before.speculative.model
+    assert after.speculative.num_speculative_tokens == 2
+    assert after.speculative.num_speculative_tokens_per_batch_size == [(1, 2, 2), (3, 128, 0)]
+    assert check_schedule(schedule, 2, 128) == []
+    # One k everywhere needs no schedule; k=0 everywhere turns speculation off.
+    assert "num_speculative_tokens_per_batch_size" not in load_settings(
+        write_schedule_config(original, [[1, 128, 2]], tmp_path / "one.yaml"), [], {}).settings.speculative.model_fields_set
+    assert load_settings(write_schedule_config(original, [[1, 128, 0]], tmp_path / "off.yaml"), [], {}
+                         ).settings.speculative.enabled is False

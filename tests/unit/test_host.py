@@ -61,3 +61,25 @@ def test_cpu_default_config_resolves_per_host(repo_root):
     assert engine_kwargs(settings, host(AVX2))["dtype"] == "float32"
     assert engine_kwargs(settings, host(AMX))["dtype"] == "bfloat16"
     assert engine_kwargs(settings)["dtype"] == "auto"  # without a host: as written
+
+
+def test_cpu_preload_finds_intel_openmp_in_the_environment(tmp_path):
+    from dynamo_spec.host import cpu_preload_libraries
+
+    (tmp_path / "lib").mkdir()
+    assert str(tmp_path / "lib" / "libiomp5.so") not in cpu_preload_libraries(str(tmp_path))
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    assert cpu_preload_libraries(str(tmp_path))[0] == str(tmp_path / "lib" / "libiomp5.so")
+
+
+def test_cpu_preload_prepends_what_is_missing_and_keeps_the_users():
+    from dynamo_spec.host import apply_cpu_preload
+
+    env: dict[str, str] = {}
+    assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == [
+        "/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]
+    assert env["LD_PRELOAD"] == "/v/lib/libiomp5.so:/usr/lib/libtcmalloc_minimal.so.4"
+    env = {"LD_PRELOAD": "/opt/libtcmalloc_minimal.so.4"}  # the user's own tcmalloc wins
+    assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == ["/v/lib/libiomp5.so"]
+    assert env["LD_PRELOAD"] == "/v/lib/libiomp5.so:/opt/libtcmalloc_minimal.so.4"
+    assert apply_cpu_preload(env, ["/v/lib/libiomp5.so"]) == []
