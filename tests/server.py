@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,12 +66,7 @@ class ServerProcess(ManagedServer):
         """SIGTERM the server; it must exit and take its engine processes with it."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
+        self.terminate(timeout)
         deadline = time.monotonic() + 5  # let helper processes (e.g. the resource tracker) exit
         while (leftovers := _group_members(self.proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)

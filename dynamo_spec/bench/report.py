@@ -170,7 +170,7 @@ def recommendation(choice: Mapping[int, int], entries: list[list[int]]) -> str:
 # --- Markdown ------------------------------------------------------------------
 
 
-def _f(value: float | None, fmt: str = "{:.1f}") -> str:
+def fmt(value: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
@@ -194,7 +194,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     ]
     for name, column in columns.items():
         cells = column["cells"].get("judge", {})
-        row = [f"{_f(cells[str(c)]['output_tokens_per_s'])} ({_f(cells[str(c)].get('speedup'), '{:.2f}x')})"
+        row = [f"{fmt(cells[str(c)]['output_tokens_per_s'])} ({fmt(cells[str(c)].get('speedup'), '{:.2f}x')})"
                if str(c) in cells else "-" for c in cs]
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += ["", "## Derive prompts (the schedule is chosen from these)", "",
@@ -203,7 +203,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         cells = column["cells"].get("derive", {})
         if not cells:
             continue
-        row = [f"{_f(cells[str(c)]['output_tokens_per_s'])} ({_f(cells[str(c)].get('speedup'), '{:.2f}x')})"
+        row = [f"{fmt(cells[str(c)]['output_tokens_per_s'])} ({fmt(cells[str(c)].get('speedup'), '{:.2f}x')})"
                if str(c) in cells else "-" for c in cs]
         lines.append(f"| {name} | " + " | ".join(row) + " | |")
     derived = result["derived"]
@@ -218,10 +218,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         v = result["verdict"].get(str(c), {})
         target = "-" if v.get("target") is None else f">= {v['target']}x: {'yes' if v['meets_target'] else 'NO'}"
         within = {True: "yes", False: "NO", None: "-"}[v.get("within_noise_of_best")]
-        lines.append(f"| {c} | {_f(v.get('schedule_speedup'), '{:.2f}x')} | {target} | {v.get('best_fixed_k', '-')} | "
-                     f"{_f(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {_f(v.get('noise'), '{:.1%}')} | {within} |")
+        lines.append(f"| {c} | {fmt(v.get('schedule_speedup'), '{:.2f}x')} | {target} | {v.get('best_fixed_k', '-')} | "
+                     f"{fmt(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {fmt(v.get('noise'), '{:.1%}')} | {within} |")
     lines += ["", f"Noise: |k=0 first run - k=0 last run| / mean, per concurrency, judge prompts "
-                  f"(median {_f(result['noise_median'], '{:.1%}')}).", "",
+                  f"(median {fmt(result['noise_median'], '{:.1%}')}).", "",
               f"**Recommendation:** {result['recommendation']}", ""]
     lines += ["## Latency and acceptance per cell (judge prompts)", "",
               "| column | c | tokens/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | e2e p50 s | "
@@ -232,11 +232,11 @@ def markdown(result: Mapping[str, Any]) -> str:
             cell = column["cells"].get("judge", {}).get(str(c))
             if not cell:
                 continue
-            ms = lambda p: "/".join(_f(None if p[q] is None else 1000 * p[q], "{:.0f}") for q in ("p50", "p90", "p99"))  # noqa: E731
+            ms = lambda p: "/".join(fmt(None if p[q] is None else 1000 * p[q], "{:.0f}") for q in ("p50", "p90", "p99"))  # noqa: E731
             lines.append(
-                f"| {name} | {c} | {_f(cell['output_tokens_per_s'])} | {_f(cell['requests_per_s'], '{:.2f}')} | "
-                f"{ms(cell['ttft_s'])} | {ms(cell['itl_s'])} | {_f(cell['e2e_s']['p50'], '{:.2f}')} | "
-                f"{_f(cell['acceptance_rate'], '{:.3f}')} | {_f(cell['mean_acceptance_length'], '{:.2f}')} | "
+                f"| {name} | {c} | {fmt(cell['output_tokens_per_s'])} | {fmt(cell['requests_per_s'], '{:.2f}')} | "
+                f"{ms(cell['ttft_s'])} | {ms(cell['itl_s'])} | {fmt(cell['e2e_s']['p50'], '{:.2f}')} | "
+                f"{fmt(cell['acceptance_rate'], '{:.3f}')} | {fmt(cell['mean_acceptance_length'], '{:.2f}')} | "
                 f"{' / '.join(f'{p:.2f}' for p in cell['per_position_acceptance']) or '-'} | {cell['failed']} |")
     lines += ["", f"Command: `{result['command']}`", ""]
     return "\n".join(lines)

@@ -85,7 +85,7 @@ def read_spec_counters(url: str) -> dict[str, float]:
 
 
 def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
-    from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host
+    from dynamo_spec.host import detect_host
 
     try:
         import vllm
@@ -97,14 +97,16 @@ def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in host.cpu_flags]
     return {"cpu_model": host.cpu_model, "cores": len(os.sched_getaffinity(0)), "isa": " ".join(isa) or "none",
             "dtype": dtype, "vllm": vllm_version, "dynamo_spec": __version__, "python": platform.python_version(),
-            "ld_preload": _engine_ld_preload(preload and host.on_cpu, apply_cpu_preload, cpu_preload_libraries)}
+            "ld_preload": _engine_ld_preload(preload and host.on_cpu)}
 
 
-def _engine_ld_preload(preload: bool, apply: Any, libraries: Any) -> str:
+def _engine_ld_preload(preload: bool) -> str:
     """LD_PRELOAD the servers' engine processes get: the environment's, plus engine.cpu_preload's."""
+    from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries
+
     env = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
     if preload:
-        apply(env, libraries())
+        apply_cpu_preload(env, cpu_preload_libraries())
     return env["LD_PRELOAD"]
 
 
@@ -204,7 +206,7 @@ def _bench_url(args: argparse.Namespace, concurrencies: list[int], sets: dict) -
     for c, cell in cells.items():
         print(f"| {c} | {cell['output_tokens_per_s']:.1f} | {cell['requests_per_s']:.2f} | "
               f"{1000 * cell['ttft_s']['p50']:.0f} | {1000 * (cell['itl_s']['p50'] or 0):.1f} | "
-              f"{report._f(cell['acceptance_rate'], '{:.3f}')} | {report._f(cell['mean_acceptance_length'], '{:.2f}')} |")
+              f"{report.fmt(cell['acceptance_rate'], '{:.3f}')} | {report.fmt(cell['mean_acceptance_length'], '{:.2f}')} |")
     return 0
 
 

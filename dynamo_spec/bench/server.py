@@ -58,16 +58,20 @@ class ManagedServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, timeout: float = 30) -> int | None:
-        """SIGTERM, then SIGKILL the whole group if anything is left."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
+    def terminate(self, timeout: float = 30) -> None:
+        """SIGTERM the server and wait up to `timeout` seconds for it to exit."""
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM, then SIGKILL the whole group if anything is left."""
+        if self.proc is None:
+            return None
+        self.terminate(timeout)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # helpers (EngineCore, workers) left behind, if any
         except ProcessLookupError:
