@@ -24,6 +24,18 @@ def serve_command(config: Path, port: int, overrides: list[str] = ()) -> list[st
             "--server.port", str(port), *overrides]
 
 
+def failure_summary(log: str, tail: int = 2000) -> str:
+    """The lines that say why a server died (errors of any process, first ones first), then the log's tail.
+
+    vLLM's root cause is logged by the worker or EngineCore well above the API process's
+    final traceback, so the tail alone hides it.
+    """
+    markers = ("Error", "error:", "Exception", "SIGILL", "Illegal instruction", "Killed", "Segmentation fault")
+    causes = [line for line in log.splitlines() if any(m in line for m in markers)]
+    head = "\n".join(line[:400] for line in causes[:25])
+    return f"error lines:\n{head}\n--- last lines:\n{log[-tail:]}"
+
+
 class ManagedServer:
     """Runs `argv` in its own process group, logging to `log_path`; ready when /health answers 200."""
 
@@ -43,8 +55,8 @@ class ManagedServer:
                                      start_new_session=True)
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with status {self.proc.returncode}; last lines of {self.log_path}:\n"
-                                   + self.log()[-3000:])
+                raise RuntimeError(f"server exited with status {self.proc.returncode}; see {self.log_path}\n"
+                                   + failure_summary(self.log()))
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     self.ready_after = time.monotonic() - t0
