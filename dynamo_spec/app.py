@@ -1,11 +1,15 @@
-"""The HTTP app: vLLM's OpenAI layer plus health, metrics, auth and metering."""
+"""The HTTP app: vLLM's OpenAI layer plus health, liveness, metrics, auth, admission and metering.
+
+The app exists before the engine: it answers /live and /health ("loading") while
+the engine loads, and `attach_engine` plugs the engine in when it is up.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -15,17 +19,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dynamo_spec.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.engine import MeteredEngineClient
+from dynamo_spec.lifecycle import Lifecycle, Phase
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
 
 logger = logging.getLogger("dynamo_spec.app")
 
 WATCHDOG_SECONDS = 5.0
-
-
-def openai_error(status: int, message: str, type_: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": None, "code": status}}, status_code=status)
 
 
 def vllm_serving_args(settings: Settings):
@@ -41,50 +43,61 @@ def vllm_serving_args(settings: Settings):
 
 def create_app(
     settings: Settings,
-    engine: Any,
+    lifecycle: Lifecycle,
     metrics: DynamoSpecMetrics | None,
     metrics_registries: Sequence[CollectorRegistry],
 ) -> FastAPI:
-    """The FastAPI app serving `engine` (a started vLLM AsyncLLM).
+    """The FastAPI app; serves /v1 once `attach_engine` has given it the engine.
 
     `metrics_registries` are rendered on /metrics: ours, and the registry that
     holds vLLM's own `vllm:*` collectors (prometheus_client's default one).
     """
-    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-    from vllm.entrypoints.openai.chat_completion.api_router import attach_router as attach_chat
-    from vllm.entrypoints.openai.completion.api_router import attach_router as attach_completion
+    from vllm.entrypoints.openai.chat_completion.api_router import (
+        attach_router as attach_chat,
+    )
+    from vllm.entrypoints.openai.completion.api_router import (
+        attach_router as attach_completion,
+    )
     from vllm.entrypoints.openai.models.api_router import attach_router as attach_models
-    from vllm.entrypoints.serve.exception_handling.handlers.http import http_exception_handler
-    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
-
-    client = MeteredEngineClient(engine, metrics) if metrics is not None else engine
+    from vllm.entrypoints.serve.exception_handling.handlers.http import (
+        http_exception_handler,
+    )
+    from vllm.entrypoints.serve.exception_handling.register import (
+        init_exception_handler,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await init_app_state(client, app.state, app.state.args, supported_tasks=await engine.get_supported_tasks())
-        tasks = [
-            asyncio.create_task(_watchdog(app, engine)),
-            asyncio.create_task(_log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
-        ]
         try:
             yield
         finally:
-            for task in tasks:
+            for task in app.state.background:
                 task.cancel()
 
     app = FastAPI(title="dynamo-spec", lifespan=lifespan)
     app.state.args = vllm_serving_args(settings)
-    app.state.engine_client = client
-    app.state.settings = settings
-    app.state.engine_dead = False
+    app.state.lifecycle = lifecycle
+    app.state.engine = None
+    app.state.background = []
     attach_models(app)
     attach_completion(app)
     attach_chat(app)
 
+    @app.get("/live")
+    async def live() -> Response:
+        """Liveness: the process answers. Kubernetes restarts the pod when this fails."""
+        return JSONResponse({"status": "alive"})
+
     @app.get("/health")
     async def health() -> Response:
+        """Readiness: 200 only when requests can be served (503 loading, draining or dead)."""
+        if lifecycle.phase is not Phase.READY:
+            body = {"status": lifecycle.phase.value}
+            if lifecycle.reason:
+                body["reason"] = lifecycle.reason
+            return JSONResponse(body, status_code=503)
         try:
-            await engine.check_health()
+            await app.state.engine.check_health()
         except Exception as exc:  # the engine is dead: say so, don't raise
             return JSONResponse({"status": "unhealthy", "reason": str(exc) or type(exc).__name__}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -97,15 +110,34 @@ def create_app(
     init_exception_handler(app)
     # Unknown routes and wrong methods raise Starlette's HTTPException: answer in the OpenAI shape too.
     app.exception_handler(StarletteHTTPException)(http_exception_handler)
+    # Middleware: the last added is the outermost. Order of a request: metrics, API key, admission.
+    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics)
     if settings.server.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()])
+        guarded = ("/v1", "/metrics") if settings.server.metrics_require_api_key else ("/v1",)
+        app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)
     if metrics is not None:
-        # Added last = outermost: it also counts the 401s of the API-key check.
+        # Outermost: it also counts the 401s of the API-key check and the refusals of admission.
         app.add_middleware(HTTPMetricsMiddleware, metrics=metrics, tenant_header=settings.metrics.tenant_header)
     return app
 
 
-async def _watchdog(app: FastAPI, engine: Any) -> None:
+async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | None, settings: Settings,
+                        on_engine_dead: Callable[[], None]) -> None:
+    """Give the app its started engine (vLLM's serving state, metering, watchdog) and mark it ready."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    client = MeteredEngineClient(engine, metrics) if metrics is not None else engine
+    await init_app_state(client, app.state, app.state.args, supported_tasks=await engine.get_supported_tasks())
+    app.state.engine = engine
+    app.state.engine_client = client
+    app.state.background += [
+        asyncio.create_task(_watchdog(engine, on_engine_dead)),
+        asyncio.create_task(_log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
+    ]
+    app.state.lifecycle.set_phase(Phase.READY)
+
+
+async def _watchdog(engine: Any, on_engine_dead: Callable[[], None]) -> None:
     """Stop the server when the engine dies (vLLM's own server does the same)."""
     while True:
         await asyncio.sleep(WATCHDOG_SECONDS)
@@ -113,10 +145,7 @@ async def _watchdog(app: FastAPI, engine: Any) -> None:
             await engine.check_health()
         except Exception:
             logger.error("The engine died; shutting the server down.")
-            app.state.engine_dead = True
-            server = getattr(app.state, "server", None)
-            if server is not None:
-                server.should_exit = True
+            on_engine_dead()
             return
 
 
@@ -172,19 +201,22 @@ class HTTPMetricsMiddleware:
 
 
 class ApiKeyMiddleware:
-    """vLLM's bearer-token check on /v1/*, answering 401 in the OpenAI error shape."""
+    """vLLM's bearer-token check (constant-time) on the guarded paths, answering 401 in the OpenAI error shape."""
 
-    def __init__(self, app: ASGIApp, tokens: list[str]):
-        from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+    def __init__(self, app: ASGIApp, tokens: list[str], guarded: tuple[str, ...] = ("/v1",)):
+        from vllm.entrypoints.serve.middleware.authenticate import (
+            AuthenticationMiddleware,
+        )
 
         self.app = app
+        self.guarded = guarded
         self._check = AuthenticationMiddleware(app, tokens)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
             and scope.get("method") != "OPTIONS"
-            and scope["path"].startswith("/v1")
+            and scope["path"].startswith(self.guarded)
             and not self._check.verify_token(Request(scope).headers)
         ):
             response = openai_error(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'", "Unauthorized")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -11,7 +13,12 @@ from typing import Any
 
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import build_engine_args
-from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
+from dynamo_spec.host import (
+    apply_cpu_preload,
+    cpu_preload_libraries,
+    detect_host,
+    resolve_dtype,
+)
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
 
@@ -23,7 +30,9 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     """Start vLLM's AsyncLLM for `settings`; always shut it down on exit.
 
     `stat_loggers` are vLLM StatLoggerFactory callables; they are added to
-    vLLM's own (logging and Prometheus) loggers.
+    vLLM's own (logging and Prometheus) loggers. The load (minutes for a large
+    model) runs in a thread, so the event loop keeps answering /live and /health
+    meanwhile; cancelling this while it loads is `stop_loading`'s job.
     """
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -36,11 +45,34 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
         added = apply_cpu_preload(os.environ, cpu_preload_libraries())
         if added:
             logger.info("LD_PRELOAD for the engine's processes: %s (engine.cpu_preload)", ":".join(added))
-    engine = AsyncLLM.from_engine_args(build_engine_args(settings), stat_loggers=list(stat_loggers) or None)
+    # Engine processes are started from the loading thread: spawn them (vLLM's CPU
+    # platform forces spawn anyway; on GPU, forking beside a running event loop is unsafe).
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    engine_args = build_engine_args(settings)
+    engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args, stat_loggers=list(stat_loggers) or None)
     try:
         yield engine
     finally:
         engine.shutdown()
+
+
+def stop_loading(grace: float = 5.0) -> int:
+    """Stop an engine that is still loading: terminate this process's children (EngineCore, workers).
+
+    vLLM's start-up then fails in the loading thread, which ends it. Returns how many
+    processes were stopped.
+    """
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    return len(children)
 
 
 class MeteredEngineClient:

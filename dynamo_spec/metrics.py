@@ -252,6 +252,20 @@ class DynamoSpecMetrics:
         self.http_in_flight = Gauge(
             "dynamo_spec_http_requests_in_flight", "HTTP requests being served.", ["route"], registry=registry
         )
+        # Admission (dynamo_spec.admission). PromQL shed ratio:
+        #   sum(rate(dynamo_spec_requests_rejected_total{reason="overloaded"}[5m]))
+        #   / sum(rate(dynamo_spec_http_requests_total{route=~"/v1/(chat/)?completions"}[5m]))
+        self.rejected = Counter(
+            "dynamo_spec_requests_rejected",
+            "Requests answered without reaching the engine, by reason: overloaded (429), loading, draining, "
+            "dead (503), limit (400), body_too_large (413).",
+            ["reason"], registry=registry,
+        )
+        for reason in ("overloaded", "loading", "draining", "dead", "limit", "body_too_large"):
+            self.rejected.labels(reason)
+        self.timeouts = Counter(
+            "dynamo_spec_request_timeouts", "Requests aborted at limits.request_timeout_seconds.", registry=registry
+        )
 
     # --- per-step records from vLLM's stat loggers ---------------------------
 

@@ -77,7 +77,32 @@ class ServerSettings(_Section):
     port: int = Field(8000, ge=1, le=65535, description="HTTP port (API, /health and /metrics).")
     served_model_name: str | None = Field(None, description="Model name clients send; defaults to engine.model.")
     api_key: SecretStr | None = Field(None, description="If set, /v1/* requires 'Authorization: Bearer <key>'.")
+    metrics_require_api_key: bool = Field(False, description="Also require the API key on /metrics.")
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="On SIGTERM: how long in-flight requests may take to finish (new ones get 503). "
+        "Match Kubernetes' terminationGracePeriodSeconds.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+
+class LimitsSettings(_Section):
+    """What one request, and the server as a whole, may ask for. Beyond a limit: 400/413/429 at once."""
+
+    max_in_flight: int | None = Field(
+        256, ge=1, description="Generation requests served at once; more get 429 with Retry-After. null: no bound."
+    )
+    request_timeout_seconds: float | None = Field(
+        600.0, gt=0, description="A generation request running longer is aborted in the engine and answered 504. "
+        "null: no timeout.",
+    )
+    max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), ge=1, description="Largest request body (413 beyond).")
+    max_n: int = Field(8, ge=1, description="Largest n (and best_of): choices per request.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Largest max_tokens / max_completion_tokens; null: only the context length bounds it.",
+    )
+    max_stop_sequences: int = Field(16, ge=0, description="Most stop strings per request.")
+    max_top_logprobs: int = Field(20, ge=0, description="Largest top_logprobs / logprobs / prompt_logprobs.")
+    max_prompts: int = Field(64, ge=1, description="Most prompts in one completions request.")
 
 
 class EngineSettings(_Section):
@@ -169,6 +194,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     engine: EngineSettings
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @classmethod

@@ -48,18 +48,26 @@ class ManagedServer:
         self.ready_after: float | None = None
 
     def start(self, timeout: float = 600) -> ManagedServer:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> ManagedServer:
+        """Start the process without waiting (the port answers /live before the engine is loaded)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("w")
-        t0 = time.monotonic()
+        self._launched_at = time.monotonic()
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
-        while time.monotonic() - t0 < timeout:
+        return self
+
+    def wait_ready(self, timeout: float = 600) -> ManagedServer:
+        """Wait until /health answers 200; raise with the log's error lines if the process exits first."""
+        while time.monotonic() - self._launched_at < timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with status {self.proc.returncode}; see {self.log_path}\n"
                                    + failure_summary(self.log()))
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.ready_after = time.monotonic() - t0
+                    self.ready_after = time.monotonic() - self._launched_at
                     return self
             except requests.RequestException:
                 pass

@@ -1,0 +1,232 @@
+"""Admission for /v1: is the server ready, is there room, is the request within bounds, is it done in time.
+
+Each refusal is answered at once in the OpenAI error shape and counted in
+``dynamo_spec_requests_rejected_total{reason}``:
+
+- 503 ``loading`` / ``draining`` / ``dead`` (with Retry-After while loading);
+- 429 ``overloaded`` when ``limits.max_in_flight`` generation requests are running
+  (Retry-After: 1);
+- 413 ``body_too_large`` past ``limits.max_body_bytes``;
+- 400 ``limit`` when a field asks for more than its limit (the message names the
+  field and the limit).
+
+A generation request running past ``limits.request_timeout_seconds`` is aborted in
+the engine and answered 504, or ended with an error event if it was streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dynamo_spec.lifecycle import Lifecycle, Phase
+from dynamo_spec.metrics import DynamoSpecMetrics
+from dynamo_spec.settings import LimitsSettings
+
+logger = logging.getLogger("dynamo_spec.admission")
+
+GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+# After a timeout, how long the app gets to abort the request and return.
+ABORT_WAIT_SECONDS = 10.0
+
+
+def openai_error(status: int, message: str, type_: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, reason: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.reason, self.message, self.param = status, reason, message, param
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_bounds(body: Any, limits: LimitsSettings) -> None:
+    """Raise a Refusal naming the field and the limit when `body` asks for more than allowed.
+
+    Only well-typed values are judged here; anything malformed is left to vLLM's own
+    validation, which answers 400 in the same shape.
+    """
+    if not isinstance(body, dict):
+        return
+
+    def over(field: str, value: int | None, limit: int | None, setting: str) -> None:
+        if value is not None and limit is not None and value > limit:
+            raise Refusal(400, "limit", f"'{field}' is {value}; this server allows at most {limit} "
+                                        f"(limits.{setting})", param=field)
+
+    over("n", _int(body.get("n")), limits.max_n, "max_n")
+    over("best_of", _int(body.get("best_of")), limits.max_n, "max_n")
+    for field in ("max_tokens", "max_completion_tokens"):
+        over(field, _int(body.get(field)), limits.max_tokens, "max_tokens")
+    stop = body.get("stop")
+    if isinstance(stop, list):
+        over("stop", len(stop), limits.max_stop_sequences, "max_stop_sequences")
+    over("top_logprobs", _int(body.get("top_logprobs")), limits.max_top_logprobs, "max_top_logprobs")
+    # completions: `logprobs` is a count (chat's is a bool, which _int ignores)
+    over("logprobs", _int(body.get("logprobs")), limits.max_top_logprobs, "max_top_logprobs")
+    over("prompt_logprobs", _int(body.get("prompt_logprobs")), limits.max_top_logprobs, "max_top_logprobs")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(_int(t) is not None for t in prompt):
+        over("prompt", len(prompt), limits.max_prompts, "max_prompts")  # a batch of prompts, not one token list
+
+
+class AdmissionMiddleware:
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, limits: LimitsSettings,
+                 metrics: DynamoSpecMetrics | None):
+        self.app = app
+        self.lifecycle = lifecycle
+        self.limits = limits
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        generation = scope["path"] in GENERATION_ROUTES and scope["method"] == "POST"
+        try:
+            self._admit(generation)
+            if generation:
+                body = await self._read_body(scope, receive)
+                with contextlib.suppress(ValueError):
+                    check_bounds(json.loads(body), self.limits)
+                receive = _replay(body, receive)
+        except Refusal as refusal:
+            await self._refuse(refusal, scope, receive, send)
+            return
+        if not generation:
+            await self.app(scope, receive, send)
+            return
+        self.lifecycle.started()
+        try:
+            await self._run_in_time(scope, receive, send)
+        finally:
+            self.lifecycle.finished()
+
+    def _admit(self, generation: bool) -> None:
+        phase = self.lifecycle.phase
+        if phase is Phase.LOADING:
+            raise Refusal(503, "loading", "The model is still loading; retry shortly.")
+        if phase is Phase.DRAINING:
+            raise Refusal(503, "draining", "The server is shutting down; send the request to another replica.")
+        if phase is Phase.DEAD:
+            raise Refusal(503, "dead", "The engine is not running; the server is stopping.")
+        limit = self.limits.max_in_flight
+        if generation and limit is not None and self.lifecycle.in_flight >= limit:
+            raise Refusal(429, "overloaded", f"The server is at its limit of {limit} requests in flight "
+                                             "(limits.max_in_flight); retry shortly.")
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.limits.max_body_bytes
+        too_large = Refusal(413, "body_too_large", f"The request body is larger than {limit} bytes "
+                                                   "(limits.max_body_bytes).")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise too_large
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away; the app sees an empty body and the disconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _refuse(self, refusal: Refusal, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(refusal.reason).inc()
+        headers = {"Retry-After": "1" if refusal.status == 429 else "5"} if refusal.reason in (
+            "overloaded", "loading") else None
+        type_ = {400: "BadRequestError", 413: "BadRequestError", 429: "RateLimitError"}.get(
+            refusal.status, "ServiceUnavailableError")
+        response = openai_error(refusal.status, refusal.message, type_, refusal.param, headers)
+        await response(scope, receive, send)
+
+    async def _run_in_time(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request; past the timeout, tell the app the client has gone.
+
+        vLLM aborts a request in the engine when its client disconnects (its handlers
+        watch for ``http.disconnect``), but not when the task serving the request is
+        cancelled (the handler runs in a task of its own). So at the deadline the app
+        sees a disconnect, and the client gets the answer from here.
+        """
+        timeout = self.limits.request_timeout_seconds
+        if timeout is None:
+            await self.app(scope, receive, send)
+            return
+        deadline = asyncio.Event()
+        started = False
+
+        async def receive_until_deadline() -> Message:
+            message = asyncio.ensure_future(receive())
+            expired = asyncio.ensure_future(deadline.wait())
+            try:
+                await asyncio.wait({message, expired}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (message, expired):
+                    if not task.done():
+                        task.cancel()
+            return message.result() if message.done() and not message.cancelled() else {"type": "http.disconnect"}
+
+        async def send_until_deadline(message: Message) -> None:
+            nonlocal started
+            if deadline.is_set():
+                return  # the answer now comes from here
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        app = asyncio.ensure_future(self.app(scope, receive_until_deadline, send_until_deadline))
+        try:
+            done, _ = await asyncio.wait({app}, timeout=timeout)
+            if done:
+                app.result()
+                return
+            deadline.set()
+            try:
+                await asyncio.wait_for(app, ABORT_WAIT_SECONDS)
+            except Exception:  # noqa: BLE001 - the request is being given up either way
+                pass
+        except asyncio.CancelledError:
+            app.cancel()
+            raise
+        if self.metrics is not None:
+            self.metrics.timeouts.inc()
+        message = f"The request ran past {timeout:g} s (limits.request_timeout_seconds) and was aborted."
+        logger.warning("%s %s: %s", scope["method"], scope["path"], message)
+        if not started:
+            await openai_error(504, message, "TimeoutError")(scope, receive, send)
+        else:  # streaming: end the stream with an error event, as vLLM does for errors mid-stream
+            error = {"error": {"message": message, "type": "TimeoutError", "param": None, "code": 504}}
+            await send({"type": "http.response.body", "body": f"data: {json.dumps(error)}\n\n".encode(),
+                        "more_body": False})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the already-read body to the app, then passes through (disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

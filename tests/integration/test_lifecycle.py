@@ -1,0 +1,113 @@
+"""The server's life (real server, tiny models): readiness while loading, SIGTERM while loading, drain.
+
+Each test starts its own server, since it stops it. A 1,500-token stream runs ~10 s on
+the 2-core runner: still in flight when the signal comes.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from tests.integration.test_operate import (
+    CHAT,
+    PROMPT,
+    assert_openai_error,
+    config,
+    post,
+)
+from tests.server import ServerProcess, _group_members
+
+pytestmark = pytest.mark.integration
+
+
+def in_flight(server) -> float:
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('dynamo_spec_http_requests_in_flight{route="/v1/completions"}'))
+
+
+def wait_in_flight(server, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while in_flight(server) < n:
+        assert time.monotonic() < deadline, f"{n} requests never in flight"
+        time.sleep(0.05)
+
+
+def test_sigterm_while_loading_exits_promptly_leaving_nothing(tiny_models, tmp_path):
+    srv = ServerProcess(config(tiny_models), tmp_path).launch()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(srv.url + "/live", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        health = requests.get(srv.url + "/health", timeout=2)
+        assert health.status_code == 503 and health.json() == {"status": "loading"}
+        assert_openai_error(requests.get(srv.url + "/v1/models", timeout=2), 503)
+        srv.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        returncode = srv.proc.wait(30)
+        assert time.monotonic() - t0 < 20
+        assert returncode != 0
+        time.sleep(1)
+        assert _group_members(srv.proc.pid) == []
+    finally:
+        srv.stop()
+
+
+def stream_in_thread(server, max_tokens: int, results: list):
+    def run():
+        try:
+            stream = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0).completions.create(model="tiny", prompt=PROMPT, max_tokens=max_tokens,
+                                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+            tokens, finish = 0, None
+            for chunk in stream:
+                if chunk.choices:
+                    tokens += 1
+                    finish = chunk.choices[0].finish_reason or finish
+            results.append(("done", finish))
+        except Exception as exc:  # a cut stream
+            results.append(("error", repr(exc)))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_models, tmp_path):
+    with ServerProcess(config(tiny_models, server={"shutdown_grace_seconds": 60}), tmp_path) as srv:
+        results: list = []
+        threads = [stream_in_thread(srv, 1500, results) for _ in range(3)]
+        wait_in_flight(srv, 3)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        health = requests.get(srv.url + "/health", timeout=5)
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        assert requests.get(srv.url + "/live", timeout=5).status_code == 200
+        assert_openai_error(post(srv, "/v1/chat/completions", CHAT), 503)
+        for t in threads:
+            t.join(120)
+        assert results == [("done", "length")] * 3
+        assert srv.proc.wait(30) == 0
+        assert "draining (up to 60 s for 3 request(s) in flight" in srv.log()
+        assert "Drain: nothing in flight" in srv.log()
+
+
+def test_drain_past_the_grace_cuts_and_exits_1(tiny_models, tmp_path):
+    with ServerProcess(config(tiny_models, server={"shutdown_grace_seconds": 1}), tmp_path) as srv:
+        results: list = []
+        thread = stream_in_thread(srv, 2000, results)
+        wait_in_flight(srv, 1)
+        srv.proc.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert srv.proc.wait(30) == 1
+        assert len(results) == 1 and results[0] != ("done", "length"), results  # cut, not finished
+        assert "1 request(s) still in flight after 1 s" in srv.log()
