@@ -1,0 +1,97 @@
+"""Request bounds, the security warning and the lifecycle: the pure parts of operating the server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dynamo_spec.admission import Refusal, check_bounds
+from dynamo_spec.lifecycle import Lifecycle, Phase
+from dynamo_spec.server import is_loopback, security_warnings
+from dynamo_spec.settings import LimitsSettings, Settings
+
+pytestmark = pytest.mark.unit
+
+LIMITS = LimitsSettings(max_n=4, max_tokens=100, max_stop_sequences=2, max_top_logprobs=5, max_prompts=3)
+
+
+@pytest.mark.parametrize("body, field, setting", [
+    ({"n": 10000}, "n", "max_n"),
+    ({"best_of": 5}, "best_of", "max_n"),
+    ({"max_tokens": 101}, "max_tokens", "max_tokens"),
+    ({"max_completion_tokens": 101}, "max_completion_tokens", "max_tokens"),
+    ({"stop": ["a", "b", "c"]}, "stop", "max_stop_sequences"),
+    ({"top_logprobs": 6}, "top_logprobs", "max_top_logprobs"),
+    ({"logprobs": 6}, "logprobs", "max_top_logprobs"),
+    ({"prompt_logprobs": 6}, "prompt_logprobs", "max_top_logprobs"),
+    ({"prompt": ["a", "b", "c", "d"]}, "prompt", "max_prompts"),
+    ({"prompt": [[1, 2], [3], [4], [5]]}, "prompt", "max_prompts"),
+])
+def test_beyond_a_limit_names_field_value_and_setting(body, field, setting):
+    with pytest.raises(Refusal) as refused:
+        check_bounds(body, LIMITS)
+    r = refused.value
+    assert (r.status, r.reason, r.param) == (400, "limit", field)
+    assert f"limits.{setting}" in r.message and str(body[field] if not isinstance(body[field], list)
+                                                     else len(body[field])) in r.message
+
+
+@pytest.mark.parametrize("body", [
+    {"n": 4, "max_tokens": 100, "stop": ["a", "b"], "top_logprobs": 5, "prompt": ["a", "b", "c"]},
+    {"logprobs": True, "top_logprobs": 5},  # chat: logprobs is a bool
+    {"prompt": list(range(500))},  # one tokenized prompt, not 500 prompts
+    {"stop": "one string"},
+    {"n": "ten", "max_tokens": -1},  # malformed: left to vLLM's validation (400 there)
+    ["not", "an", "object"],
+])
+def test_within_limits_or_malformed_passes(body):
+    check_bounds(body, LIMITS)
+
+
+def test_max_tokens_unbounded_by_default():
+    check_bounds({"max_tokens": 10**6}, LimitsSettings())
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("::1", True), ("localhost", True), ("0.0.0.0", False), ("::", False),
+    ("10.1.2.3", False), ("my-host", False),
+])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_warns_when_reachable_without_a_key():
+    def settings(**server):
+        return Settings(engine={"model": "m"}, speculative={"enabled": False}, server=server)
+
+    [warning] = security_warnings(settings(host="0.0.0.0"))
+    assert "server.api_key" in warning and "0.0.0.0" in warning
+    assert security_warnings(settings(host="0.0.0.0", api_key="k")) == []
+    assert security_warnings(settings(host="127.0.0.1")) == []
+
+
+def test_key_never_shown_and_requests_not_logged_by_default():
+    from dynamo_spec.app import vllm_serving_args
+
+    s = Settings(engine={"model": "m"}, speculative={"enabled": False}, server={"api_key": "s3cret"})
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s.model_dump())
+    assert vllm_serving_args(s).enable_log_requests is False
+
+
+def test_lifecycle_counts_in_flight_and_waits_for_idle():
+    async def scenario():
+        life = Lifecycle()
+        assert life.phase is Phase.LOADING and not life.ready
+        life.set_phase(Phase.READY)
+        life.started()
+        life.started()
+        assert not await life.wait_idle(0.05)
+        life.finished()
+        asyncio.get_running_loop().call_later(0.05, life.finished)
+        assert await life.wait_idle(2)
+        life.set_phase(Phase.DEAD, "the engine died")
+        life.set_phase(Phase.READY)  # dead is final
+        assert (life.phase, life.reason) == (Phase.DEAD, "the engine died")
+
+    asyncio.run(scenario())
