@@ -36,8 +36,8 @@ fi
 # Preflight before the slow load: a wrong pairing fails here, in seconds.
 "$python" -m dynamo_spec check --config "$config" "$@"
 
-read -r host port name < <("$python" -m dynamo_spec config --config "$config" "$@" --json |
-  "$python" -c 'import json,sys; v={r["field"]: r["value"] for r in json.load(sys.stdin)}; print(v["server.host"], v["server.port"], v["server.served_model_name"] or v["engine.model"])')
+read -r host port grace name < <("$python" -m dynamo_spec config --config "$config" "$@" --json |
+  "$python" -c 'import json,sys; v={r["field"]: r["value"] for r in json.load(sys.stdin)}; print(v["server.host"], v["server.port"], int(v["server.shutdown_grace_seconds"]), v["server.served_model_name"] or v["engine.model"])')
 [ "$host" = 0.0.0.0 ] && host=localhost
 
 set -m  # the server gets its own process group: we can stop all of it
@@ -50,8 +50,8 @@ stop() {
   trap - INT TERM EXIT
   if kill -0 "$server" 2>/dev/null; then
     echo ">>> Stopping the server" >&2
-    kill -TERM "$server" 2>/dev/null || true  # it shuts its engine down, then exits
-    for _ in $(seq 1 30); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
+    kill -TERM "$server" 2>/dev/null || true  # it drains, shuts its engine down, then exits
+    for _ in $(seq 1 $((grace + 30))); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
   fi
   for _ in $(seq 1 10); do [ -z "$(group_alive)" ] && break; sleep 0.5; done  # helpers exiting
   if [ -n "$(group_alive)" ]; then

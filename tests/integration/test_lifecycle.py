@@ -40,7 +40,8 @@ def wait_in_flight(server, n: int, timeout: float = 60) -> None:
 
 
 def test_sigterm_while_loading_exits_promptly_leaving_nothing(tiny_models, tmp_path):
-    srv = ServerProcess(config(tiny_models), tmp_path).launch()
+    # Bound to every interface without an API key: the start-up log must say so.
+    srv = ServerProcess(config(tiny_models, server={"host": "0.0.0.0"}), tmp_path).launch()
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -59,6 +60,7 @@ def test_sigterm_while_loading_exits_promptly_leaving_nothing(tiny_models, tmp_p
         assert returncode != 0
         time.sleep(1)
         assert _group_members(srv.proc.pid) == []
+        assert "server.host is 0.0.0.0 (reachable from other machines) and server.api_key is not set" in srv.log()
     finally:
         srv.stop()
 
