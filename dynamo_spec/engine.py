@@ -42,9 +42,13 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     if why:
         logger.info("engine.dtype: %s (%s; CPU: %s)", dtype, why, host.cpu_model)
     if host.on_cpu and settings.engine.cpu_preload:
-        added = apply_cpu_preload(os.environ, cpu_preload_libraries())
+        wanted = cpu_preload_libraries()
+        added = apply_cpu_preload(os.environ, wanted)
         if added:
             logger.info("LD_PRELOAD for the engine's processes: %s (engine.cpu_preload)", ":".join(added))
+        if set(wanted) - set(added):
+            logger.info("engine.cpu_preload: kept what LD_PRELOAD already has (%s) instead of %s",
+                        os.environ.get("LD_PRELOAD", ""), ":".join(sorted(set(wanted) - set(added))))
     # Engine processes are started from the loading thread: spawn them (vLLM's CPU
     # platform forces spawn anyway; on GPU, forking beside a running event loop is unsafe).
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")

@@ -122,11 +122,27 @@ def cpu_preload_libraries(prefix: str | None = None) -> list[str]:
     return found
 
 
+OPENMP_RUNTIMES = ("libiomp", "libgomp", "libomp")
+
+
+def _is_openmp(path: str) -> bool:
+    return Path(path).name.startswith(OPENMP_RUNTIMES)
+
+
 def apply_cpu_preload(environ: dict[str, str] | os._Environ, libraries: list[str]) -> list[str]:
-    """Prepend `libraries` not yet in LD_PRELOAD; return those added."""
+    """Prepend `libraries` not yet in LD_PRELOAD; return those added.
+
+    What is already preloaded wins: the same library, and for OpenMP any runtime, since
+    vLLM refuses two of them (an assertion in its OMPProcessManager fails the engine's
+    start). A process that ran a vLLM engine itself has PyTorch's libgomp there: vLLM's
+    CPU platform adds it to its own environment, which children inherit.
+    """
     current = environ.get("LD_PRELOAD", "")
-    names = {Path(p).name.split(".so")[0] for p in current.replace(" ", ":").split(":") if p}
-    added = [lib for lib in libraries if Path(lib).name.split(".so")[0] not in names]
+    present = [p for p in current.replace(" ", ":").split(":") if p]
+    names = {Path(p).name.split(".so")[0] for p in present}
+    has_openmp = any(_is_openmp(p) for p in present)
+    added = [lib for lib in libraries
+             if Path(lib).name.split(".so")[0] not in names and not (has_openmp and _is_openmp(lib))]
     if added:
         environ["LD_PRELOAD"] = ":".join([*added, *([current] if current else [])])
     return added

@@ -83,3 +83,9 @@ def test_cpu_preload_prepends_what_is_missing_and_keeps_the_users():
     assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == ["/v/lib/libiomp5.so"]
     assert env["LD_PRELOAD"] == "/v/lib/libiomp5.so:/opt/libtcmalloc_minimal.so.4"
     assert apply_cpu_preload(env, ["/v/lib/libiomp5.so"]) == []
+    # An OpenMP runtime already preloaded (vLLM puts PyTorch's libgomp into the environment of
+    # any process that ran an engine) is kept: vLLM's engine refuses two of them.
+    env = {"LD_PRELOAD": "/t/torch.libs/libgomp-a34b3233.so.1.0.0"}
+    assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == [
+        "/usr/lib/libtcmalloc_minimal.so.4"]
+    assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc_minimal.so.4:/t/torch.libs/libgomp-a34b3233.so.1.0.0"
