@@ -42,7 +42,7 @@ def main() -> int:
     rows = []
     with ManagedServer(serve_command(args.config, port), port, args.out / "server.log") as server:
         model = _get_json(server.url + "/v1/models")["data"][0]["id"]
-        tokenizer = _get_json_config(args.config)
+        tokenizer = _tokenizer_of(args.config)
         for r in range(args.rounds):
             vllm_file = f"vllm-{r}.json"
             subprocess.run([sys.executable, "-m", "benchmarks.vllm_cli", "bench", "serve", "--backend", "openai-chat",
@@ -79,7 +79,7 @@ def _get_json(url: str) -> dict:
     return requests.get(url, timeout=30).json()
 
 
-def _get_json_config(config: Path) -> str:
+def _tokenizer_of(config: Path) -> str:
     from dynamo_spec.config_loader import load_settings
 
     settings = load_settings(config, [], {}).settings

@@ -52,19 +52,11 @@ def create_app(
     `metrics_registries` are rendered on /metrics: ours, and the registry that
     holds vLLM's own `vllm:*` collectors (prometheus_client's default one).
     """
-    from vllm.entrypoints.openai.chat_completion.api_router import (
-        attach_router as attach_chat,
-    )
-    from vllm.entrypoints.openai.completion.api_router import (
-        attach_router as attach_completion,
-    )
+    from vllm.entrypoints.openai.chat_completion.api_router import attach_router as attach_chat
+    from vllm.entrypoints.openai.completion.api_router import attach_router as attach_completion
     from vllm.entrypoints.openai.models.api_router import attach_router as attach_models
-    from vllm.entrypoints.serve.exception_handling.handlers.http import (
-        http_exception_handler,
-    )
-    from vllm.entrypoints.serve.exception_handling.register import (
-        init_exception_handler,
-    )
+    from vllm.entrypoints.serve.exception_handling.handlers.http import http_exception_handler
+    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,9 +119,9 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
     client = MeteredEngineClient(engine, metrics) if metrics is not None else engine
+    # Sets app.state.engine_client (the metered client) and vLLM's serving objects.
     await init_app_state(client, app.state, app.state.args, supported_tasks=await engine.get_supported_tasks())
     app.state.engine = engine
-    app.state.engine_client = client
     app.state.background += [
         asyncio.create_task(_watchdog(engine, on_engine_dead)),
         asyncio.create_task(_log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
@@ -204,9 +196,7 @@ class ApiKeyMiddleware:
     """vLLM's bearer-token check (constant-time) on the guarded paths, answering 401 in the OpenAI error shape."""
 
     def __init__(self, app: ASGIApp, tokens: list[str], guarded: tuple[str, ...] = ("/v1",)):
-        from vllm.entrypoints.serve.middleware.authenticate import (
-            AuthenticationMiddleware,
-        )
+        from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
         self.app = app
         self.guarded = guarded

@@ -13,12 +13,7 @@ from typing import Any
 
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import build_engine_args
-from dynamo_spec.host import (
-    apply_cpu_preload,
-    cpu_preload_libraries,
-    detect_host,
-    resolve_dtype,
-)
+from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
 

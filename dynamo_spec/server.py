@@ -102,7 +102,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = self.force_exit = True
             return
         self.stopped_by_signal = True
-        if self.lifecycle.phase is Phase.READY:
+        if self.lifecycle.ready:
             logger.info("%s: draining (up to %g s for %d request(s) in flight; new ones get 503)",
                         name, self.grace, self.lifecycle.in_flight)
             self.lifecycle.set_phase(Phase.DRAINING)

@@ -16,22 +16,14 @@ import openai
 import pytest
 import requests
 
-from tests.integration.test_operate import (
-    CHAT,
-    PROMPT,
-    assert_openai_error,
-    config,
-    post,
-)
+from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, config, metric, post
 from tests.server import ServerProcess, _group_members
 
 pytestmark = pytest.mark.integration
 
 
 def in_flight(server) -> float:
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith('dynamo_spec_http_requests_in_flight{route="/v1/completions"}'))
+    return metric(server, 'dynamo_spec_http_requests_in_flight{route="/v1/completions"}')
 
 
 def wait_in_flight(server, n: int, timeout: float = 60) -> None:
