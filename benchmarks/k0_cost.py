@@ -1,0 +1,71 @@
+"""What a k=0 step costs inside a speculative engine, measured through the server.
+
+    python -m benchmarks.k0_cost --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
+        [--concurrency 8,32] [--rounds 3]
+
+Three servers from the same config, started in turn (order reversed every other round):
+``plain`` (speculation off), ``k0`` (speculation on, schedule ``[[1, max_num_seqs, 0]]``:
+never a draft token) and ``k0-vllm`` (the same with dynamo-spec's zero-draft-step
+changes turned off, ``DYNAMO_SPEC_ZERO_DRAFT_STEPS=0``: what vLLM 0.32 does by itself).
+The load is the bench's (streaming chat, official openai client, greedy, judge prompts).
+Prints every round and the median ratio of each speculative server to ``plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+from pathlib import Path
+
+from benchmarks.runtime_options import measure
+from dynamo_spec.bench.prompts import load_sets, split
+from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from dynamo_spec.config_loader import load_settings
+from dynamo_spec.host import on_cpu
+from dynamo_spec.preflight import VLLM_DEFAULT_MAX_NUM_SEQS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--concurrency", default="8,32")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("runs/k0-cost"))
+    args = parser.parse_args()
+    settings = load_settings(args.config).settings
+    max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu() else "gpu"]
+    never = f"[[1,{max_batch},0]]"
+    servers = {
+        "plain": ({}, ["--speculative.enabled", "false"]),
+        "k0": ({}, ["--speculative.num_speculative_tokens_per_batch_size", never]),
+        "k0-vllm": ({"DYNAMO_SPEC_ZERO_DRAFT_STEPS": "0"},
+                    ["--speculative.num_speculative_tokens_per_batch_size", never]),
+    }
+    cs = [int(c) for c in args.concurrency.split(",")]
+    items = split(load_sets())[1]
+    results: dict[str, list[dict[int, float]]] = {name: [] for name in servers}
+    for r in range(args.rounds):
+        order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+        for name in order:
+            env, overrides = servers[name]
+            port = free_port()
+            with ManagedServer(serve_command(args.config, port, overrides), port, args.out / f"{name}-{r}.log",
+                               env={**os.environ, **env}) as server:
+                got = asyncio.run(measure(server.url, settings.served_model_name, items, cs, args.max_tokens))
+            results[name].append(got)
+            print(f"round {r} {name}: " + ", ".join(f"c={c} {t:.1f} tok/s" for c, t in got.items()), flush=True)
+    print("\n| server | " + " | ".join(f"c={c} tok/s (ratio to plain, median of rounds)" for c in cs) + " |")
+    print("|---|" + "---|" * len(cs))
+    for name, runs in results.items():
+        cells = []
+        for c in cs:
+            ratios = [run[c] / base[c] for run, base in zip(runs, results["plain"])]
+            cells.append(f"{statistics.median(run[c] for run in runs):.1f} ({statistics.median(ratios):.3f}x)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Run phases of requests through an offline vLLM engine; print what came out.
+
+A subprocess of tests/integration/test_zero_draft_steps.py (an engine of its own, with
+the dynamo-spec vLLM plugin loaded as in a server): offline ``LLM.generate`` adds every
+request of a phase before the first step, so the batch sizes, and with them the k the
+schedule picks, are known exactly.
+
+    python -m tests.integration.zero_draft_probe SPEC_JSON  ->  one JSON line on stdout
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def drafts_counter(llm) -> float:
+    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
+
+
+def count_calls() -> dict:
+    """Count the rejection sampler's and take_draft_token_ids' calls and keep every
+    non-empty draft handed to the scheduler. Only meaningful with the engine in this
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the test)."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    calls: dict = {"rejection_sampler": 0, "take_draft_token_ids": 0, "drafts": []}
+    sample, take = RejectionSampler.forward, GPUModelRunner.take_draft_token_ids
+
+    def counting_sample(*args, **kwargs):
+        calls["rejection_sampler"] += 1
+        return sample(*args, **kwargs)
+
+    def recording_take(self):
+        calls["take_draft_token_ids"] += 1
+        drafts = take(self)
+        if drafts is not None:
+            calls["drafts"] += [ids for ids in drafts.draft_token_ids if ids]
+        return drafts
+
+    RejectionSampler.forward = counting_sample
+    GPUModelRunner.take_draft_token_ids = recording_take
+    return calls
+
+
+def skip_k0_draft_pass() -> None:
+    """The control of the KV-cache test: k=0 steps write nothing to the draft's KV cache
+    (what skipping the draft pass would do). In-process engine only."""
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    forward = Eagle3LlamaForCausalLM.forward
+
+    def skipping(self, input_ids, positions, hidden_states, inputs_embeds=None):
+        if self.__dict__.get("_dynamo_spec_kv_only"):
+            unused = hidden_states.new_empty(hidden_states.shape)
+            return unused, unused
+        return forward(self, input_ids, positions, hidden_states, inputs_embeds)
+
+    Eagle3LlamaForCausalLM.forward = skipping
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(model=spec["target"], dtype="bfloat16", max_model_len=512, kv_cache_memory_bytes=256 << 20,
+                  enforce_eager=True, disable_log_stats=False, seed=0)
+    if spec.get("draft"):
+        kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
+                                        "num_speculative_tokens": spec["k"],
+                                        "num_speculative_tokens_per_batch_size": spec.get("schedule")}
+    llm = LLM(**kwargs)
+    calls = count_calls() if spec.get("count_calls") else {}
+    if spec.get("skip_k0_draft_pass"):
+        skip_k0_draft_pass()
+    phases = []
+    for requests in spec["phases"]:
+        before = drafts_counter(llm)
+        params = [SamplingParams(max_tokens=r["max_tokens"], temperature=r.get("temperature", 0.0),
+                                 seed=r.get("seed"), logprobs=r.get("logprobs"), ignore_eos=True)
+                  for r in requests]
+        outputs = llm.generate([r["prompt"] for r in requests], params, use_tqdm=False)
+        phases.append({
+            "drafts": drafts_counter(llm) - before,
+            "outputs": [{"token_ids": list(o.outputs[0].token_ids),
+                         "logprobs": [{str(t): lp.logprob for t, lp in step.items()}
+                                      for step in (o.outputs[0].logprobs or [])]}
+                        for o in outputs],
+        })
+    print("PROBE " + json.dumps({"phases": phases, "calls": calls}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
