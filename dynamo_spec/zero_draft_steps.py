@@ -1,60 +1,60 @@
-"""Steps without draft tokens cost what they cost without speculation.
+"""Cheaper k=0 steps in a speculative vLLM engine (installed by dynamo_spec.vllm_plugin).
 
 Why this exists (vLLM 0.32, model runner v1, the runner vLLM uses on CPU):
     With a batch-size schedule (``num_speculative_tokens_per_batch_size``) vLLM turns
     drafting off (k=0) for large batches, but a speculative engine still pays for
-    speculation in those steps, which is why a schedule that says "k=0 from 6
-    requests" served 0.81-0.94x of an engine started without speculation:
+    speculation in those steps: the CPU default's schedule, k=0 from 6 requests, served
+    0.81-0.94x of an engine started without speculation there. A py-spy profile of the
+    worker (CPU default, 32 requests, k=0 everywhere) showed three costs:
 
-    1. The runner always samples through the rejection sampler when a speculative
-       config exists (``_prepare_inputs`` builds ``SpecDecodeMetadata`` even when no
-       request has a draft token). With no draft tokens that is the plain sampler plus
-       a gather of every logits row, a full float32 copy of the logits (the "raw
-       logits" it keeps for logprobs) and an empty rejection pass. Profiled on the CPU
-       default at 32 requests (py-spy, worker process): 5.0 % of the worker's time in
-       ``_sample`` against 2.2 % without speculation.
-    2. EngineCore asks the worker for the draft tokens after every step
-       (``take_draft_token_ids``, one more round trip to the worker process), even
-       when the step was scheduled with k=0 and the answer is an empty list.
+    1. The runner samples through the rejection sampler whenever a speculative config
+       exists (``_prepare_inputs`` builds ``SpecDecodeMetadata`` even when no request
+       has a draft token): the plain sampler plus a gather of every logits row, a full
+       float32 copy of them and an empty rejection pass. ``_sample``: 5.0 % of the
+       worker's time, against 2.2 % without speculation.
+    2. The draft model's first pass (5.3 %), run only to fill the draft's KV cache for
+       these positions, so that drafting can resume when the batch shrinks.
+    3. EngineCore asks the worker for draft tokens after every step
+       (``take_draft_token_ids``, a round trip to the worker process), even after a
+       step scheduled with k=0, whose answer is empty lists.
 
-What this module does (every change keeps the output token for token; tests pin it):
-    1. ``GPUModelRunner._sample``: when the step has no draft token at all
-       (``spec_decode_metadata.max_spec_len == 0``), sample with the plain sampler,
-       as an engine without speculation does. The logits are then one row per
-       request in request order, the same rows the rejection sampler would have
-       gathered, and the plain sampler's output has the same shape and dtype
-       (``[num_reqs, 1]``, int32) and logprobs layout.
-    2. ``EngineCore.post_step``: skip ``take_draft_token_ids`` after a step scheduled
-       with k=0. The scheduler already cleared every scheduled request's draft tokens
-       when it scheduled the step, and the worker's answer would be empty lists.
+What this module changes (the output stays token for token the same; tests pin it
+against vLLM's own path):
+    1. ``GPUModelRunner._sample``: a step in which no request has a draft token
+       (``spec_decode_metadata.max_spec_len == 0``) samples with the plain sampler, as
+       an engine without speculation does. The logits are then one row per request in
+       request order, the rows the rejection sampler would have gathered, and the
+       plain sampler's output has the same shape, dtype (``[num_reqs, 1]``, int32) and
+       logprobs layout.
+    2. ``SpecDecodeBaseProposer.propose`` / ``Eagle3LlamaForCausalLM.forward``: for an
+       EAGLE-3 Llama draft of one layer (the usual shape, ours included) on an
+       attention backend that writes the KV cache in a separate step (vLLM's CPU
+       backend does), the k=0 draft pass runs only what writes the draft's KV cache:
+       embedding, the two input norms, the QKV projection, rotary embedding and vLLM's
+       own KV write. Attention, output projection, MLP and final norm, whose results a
+       k=0 step discards, are skipped. The cache gets the same values (the same modules
+       on the same inputs), so later drafts are those vLLM would have made. Other
+       drafts and backends keep vLLM's full pass.
+    3. ``EngineCore.post_step``: no ``take_draft_token_ids`` after a step scheduled
+       with k=0 (the scheduler cleared the scheduled requests' draft tokens when it
+       scheduled the step).
 
-    3. The draft model's first pass in a k=0 step (4-5 % of the worker's time at 32
-       requests): vLLM runs the whole draft layer only to fill the draft's KV cache for
-       these positions, so that drafting can resume when the batch shrinks. For an
-       EAGLE-3 Llama draft of one layer (the usual shape, ours included) it now runs
-       only what writes that cache: embedding, the two input norms, the QKV
-       projection, rotary embedding and vLLM's own KV-cache write for the layer. The
-       attention itself, the output projection, the MLP and the final norm, whose
-       results a k=0 step throws away, are skipped. The cache receives the same
-       values (the same modules on the same inputs), so later drafts are those vLLM
-       would have made. Any other draft, or an attention backend that writes the
-       cache inside its attention kernel, keeps vLLM's full pass.
+Measured through the server (benchmarks/k0_cost.py, docs/bench-cpu-default.md): a k=0
+engine went from 0.86-0.90x to 0.91-0.95x of an engine without speculation; the rest of
+the gap is native worker time not pinned down yet.
 
-Skipping the draft pass altogether was tried and is not done: it leaves holes in the
-draft's KV cache that drafting reads once the batch shrinks, and that other requests
-inherit through the prefix cache (a system prompt first served under load would lower
+Not done: skipping the draft pass altogether (tried). It leaves holes in the draft's KV
+cache that drafting reads once the batch shrinks, and that later requests inherit
+through the prefix cache (a system prompt first served under load would lower
 acceptance for every later request).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 import torch
-
-logger = logging.getLogger("vllm.dynamo_spec_plugin")
 
 _PATCHED_ATTR = "_dynamo_spec_zero_draft"
 
@@ -77,7 +77,10 @@ def _propose_writing_kv_only_at_k0(original):
     @functools.wraps(original)
     def propose(self, num_speculative_tokens, *args: Any, **kwargs: Any):
         model = self.model
-        model.__dict__["_dynamo_spec_kv_only"] = num_speculative_tokens == 0 and _kv_only_applies(model)
+        if "_dynamo_spec_kv_only_applies" not in model.__dict__:
+            model.__dict__["_dynamo_spec_kv_only_applies"] = _kv_only_applies(model)
+        model.__dict__["_dynamo_spec_kv_only"] = (num_speculative_tokens == 0
+                                                  and model.__dict__["_dynamo_spec_kv_only_applies"])
         try:
             return original(self, num_speculative_tokens, *args, **kwargs)
         finally:
@@ -165,8 +168,8 @@ def apply() -> list[str]:
     """Install the changes in this process (idempotent); return what was patched."""
     from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.engine.core import EngineCore
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     patched = []
