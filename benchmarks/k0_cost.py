@@ -14,17 +14,14 @@ Prints every round and the median ratio of each speculative server to ``plain``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import statistics
 from pathlib import Path
 
-from benchmarks.runtime_options import measure
-from dynamo_spec.bench.prompts import load_sets, split
-from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from benchmarks.runtime_options import alternate
 from dynamo_spec.config_loader import load_settings
 from dynamo_spec.host import on_cpu
 from dynamo_spec.preflight import VLLM_DEFAULT_MAX_NUM_SEQS
+from dynamo_spec.vllm_plugin import ZERO_DRAFT_STEPS_ENV
 
 
 def main() -> None:
@@ -41,22 +38,11 @@ def main() -> None:
     servers = {
         "plain": ({}, ["--speculative.enabled", "false"]),
         "k0": ({}, ["--speculative.num_speculative_tokens_per_batch_size", never]),
-        "k0-vllm": ({"DYNAMO_SPEC_ZERO_DRAFT_STEPS": "0"},
+        "k0-vllm": ({ZERO_DRAFT_STEPS_ENV: "0"},
                     ["--speculative.num_speculative_tokens_per_batch_size", never]),
     }
     cs = [int(c) for c in args.concurrency.split(",")]
-    items = split(load_sets())[1]
-    results: dict[str, list[dict[int, float]]] = {name: [] for name in servers}
-    for r in range(args.rounds):
-        order = list(servers) if r % 2 == 0 else list(servers)[::-1]
-        for name in order:
-            env, overrides = servers[name]
-            port = free_port()
-            with ManagedServer(serve_command(args.config, port, overrides), port, args.out / f"{name}-{r}.log",
-                               env={**os.environ, **env}) as server:
-                got = asyncio.run(measure(server.url, settings.served_model_name, items, cs, args.max_tokens))
-            results[name].append(got)
-            print(f"round {r} {name}: " + ", ".join(f"c={c} {t:.1f} tok/s" for c, t in got.items()), flush=True)
+    results = alternate(args.config, servers, cs, args.rounds, args.max_tokens, args.out)
     print("\n| server | " + " | ".join(f"c={c} tok/s (ratio to plain, median of rounds)" for c in cs) + " |")
     print("|---|" + "---|" * len(cs))
     for name, runs in results.items():

@@ -69,6 +69,26 @@ async def measure(url: str, model: str, items: list[dict], concurrency: list[int
     return out
 
 
+def alternate(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], concurrency: list[int],
+              rounds: int, max_tokens: int, out: Path) -> dict[str, list[dict[int, float]]]:
+    """One server per plan entry (extra environment, config overrides), started in turn,
+    the order reversed every other round; returns each entry's tokens/s per concurrency
+    per round."""
+    model = load_settings(config).settings.served_model_name
+    items = split(load_sets())[1]
+    results: dict[str, list[dict[int, float]]] = {label: [] for label in plan}
+    for r in range(rounds):
+        for label in (list(plan) if r % 2 == 0 else list(plan)[::-1]):
+            env, overrides = plan[label]
+            port = free_port()
+            with ManagedServer(serve_command(config, port, overrides), port, out / f"{label}-{r}.log",
+                               env={**os.environ, **env}) as server:
+                got = asyncio.run(measure(server.url, model, items, concurrency, max_tokens))
+            results[label].append(got)
+            print(f"round {r} {label}: " + ", ".join(f"c={c} {t:.1f} tok/s" for c, t in got.items()), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
@@ -86,27 +106,19 @@ def main() -> None:
         raise SystemExit(f"unknown or unavailable variants: {missing} (available: {sorted(known)})")
     ks = [int(k) for k in args.k.split(",")]
     cs = [int(c) for c in args.concurrency.split(",")]
-    model = load_settings(args.config).settings.served_model_name
-    items = split(load_sets())[1]
-    results: dict[tuple[str, int], list[dict[int, float]]] = {}
-    for r in range(args.rounds):
-        plan = [(v, k) for v in names for k in ks]
-        for name, k in (plan if r % 2 == 0 else plan[::-1]):
-            env, overrides = known[name]
+    plan = {}
+    for name in names:
+        env, overrides = known[name]
+        for k in ks:
             spec = (["--speculative.enabled", "false"] if k == 0 else
                     ["--speculative.num_speculative_tokens", str(k),
                      "--speculative.num_speculative_tokens_per_batch_size", "null"])  # a fixed k
-            port = free_port()
-            server = ManagedServer(serve_command(args.config, port, [*overrides, *spec]), port,
-                                   args.out / f"{name}-k{k}-{r}.log", env={**os.environ, **env})
-            with server:
-                got = asyncio.run(measure(server.url, model, items, cs, args.max_tokens))
-            results.setdefault((name, k), []).append(got)
-            print(f"round {r} {name} k={k}: " + ", ".join(f"c={c} {t:.1f}" for c, t in got.items()), flush=True)
+            plan[f"{name}-k{k}"] = (env, [*overrides, *spec])
+    results = alternate(args.config, plan, cs, args.rounds, args.max_tokens, args.out)
     print("\n| variant | " + " | ".join(f"k={k} c={c}" for k in ks for c in cs) + " |")
     print("|---|" + "---|" * (len(ks) * len(cs)))
     for name in names:
-        cells = [statistics.median(run[c] for run in results[(name, k)]) for k in ks for c in cs]
+        cells = [statistics.median(run[c] for run in results[f"{name}-k{k}"]) for k in ks for c in cs]
         print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in cells) + " |")
 
 
