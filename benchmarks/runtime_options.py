@@ -56,6 +56,9 @@ def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
     out["inproc"] = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [])  # EngineCore inside the API process
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
+    # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
+    # draft-vocabulary argmax the CPU config sets.
+    out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])
     return out
 
 
