@@ -18,8 +18,8 @@ from pathlib import Path
 
 import requests
 
-from tests.fixtures.tiny_models import build_fixture_set, isolated_vllm_env
-from tests.server import ServerProcess, tiny_config
+from support.server import ServerProcess, tiny_config
+from support.tiny_models import build_fixture_set, isolated_vllm_env
 
 
 def load(url: str, seconds: float, concurrency: int) -> float:

@@ -55,7 +55,7 @@ def vllm_serve_argv(config: Path, port: int) -> list[str]:
 
 
 def tiny_config(work: Path) -> Path:
-    from tests.fixtures.tiny_models import build_fixture_set, isolated_vllm_env
+    from support.tiny_models import build_fixture_set, isolated_vllm_env
 
     os.environ.update(isolated_vllm_env(work / "env"))
     models = build_fixture_set(work / "models")

@@ -199,10 +199,8 @@ class AdmissionMiddleware:
                 app.result()
                 return
             deadline.set()
-            try:
+            with contextlib.suppress(Exception):  # the request is being given up either way
                 await asyncio.wait_for(app, ABORT_WAIT_SECONDS)
-            except Exception:  # noqa: BLE001 - the request is being given up either way
-                pass
         except asyncio.CancelledError:
             app.cancel()
             raise

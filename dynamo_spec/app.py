@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynamo_spec.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.engine import MeteredEngineClient
+from dynamo_spec.engine_args import vllm_serving_args
 from dynamo_spec.lifecycle import Lifecycle, Phase
 from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
@@ -28,17 +29,6 @@ from dynamo_spec.settings import Settings
 logger = logging.getLogger("dynamo_spec.app")
 
 WATCHDOG_SECONDS = 5.0
-
-
-def vllm_serving_args(settings: Settings):
-    """The argparse namespace vLLM's serving layer reads, from our settings."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    argv = ["--model", settings.engine.model, "--served-model-name", settings.served_model_name]
-    if settings.engine.tokenizer:
-        argv += ["--tokenizer", settings.engine.tokenizer]
-    return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 
 
 def create_app(

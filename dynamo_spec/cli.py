@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from dynamo_spec.config_loader import ConfigError, LoadedSettings, effective_config, load_settings
+from dynamo_spec.logs import setup_logging
 
 EXIT_CONFIG = 2  # bad configuration or a failed preflight
 
@@ -54,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--cache-dir", default=".cache/models", help="where converted models are kept (default: %(default)s)")
     prepare.set_defaults(func=cmd_prepare_default)
 
-    from dynamo_spec import verify
     from dynamo_spec.bench import run as bench
     from dynamo_spec.training import cli as training_cli
+    from dynamo_spec.training import verify
 
     bench.register(sub)
 
@@ -124,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from dynamo_spec.server import run
 
     settings = _load(args).settings
-    logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    setup_logging(settings.server.log_level)
     log = logging.getLogger("dynamo_spec")
     problems = run_preflight(settings)
     for problem in problems:
@@ -143,6 +144,6 @@ def cmd_prepare_default(args: argparse.Namespace) -> int:
 
     from dynamo_spec.default_model import prepare_default_model
 
-    logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     print(prepare_default_model(Path(args.cache_dir)))
     return 0

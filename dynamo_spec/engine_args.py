@@ -1,4 +1,6 @@
-"""Settings -> vLLM AsyncEngineArgs: one pure function, pinned by unit tests."""
+"""Settings -> vLLM's arguments, the one place that translates them: the engine's
+(``engine_kwargs``, a pure function pinned by unit tests; the offline engines of the
+training tools use it too) and the OpenAI frontend's (``vllm_serving_args``)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,17 @@ def build_engine_args(settings: Settings):  # -> vllm.engine.arg_utils.AsyncEngi
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     return AsyncEngineArgs(**engine_kwargs(settings, detect_host()))
+
+
+def vllm_serving_args(settings: Settings):  # -> argparse.Namespace
+    """The namespace vLLM's OpenAI serving layer reads: model names, and server.frontend."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = ["--model", settings.engine.model, "--served-model-name", settings.served_model_name]
+    if settings.engine.tokenizer:
+        argv += ["--tokenizer", settings.engine.tokenizer]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    for key, value in settings.server.frontend.items():
+        setattr(args, key, value)
+    return args

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from dynamo_spec import eagle3_format
 from dynamo_spec.host import on_cpu as host_on_cpu
 from dynamo_spec.settings import Settings
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"}
 EAGLE1_ARCHS = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle", "EagleLlama4ForCausalLM", "EagleMiniCPMForCausalLM"}
-UNTRAINED_MARKER = "dynamo_spec_untrained"
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def _check_pairing(
         problems.append(Problem("error", f"draft {draft.ref}: head size {head} is not supported by vLLM's CPU attention"))
     if eagle3:
         problems += _check_aux_layers(target, draft, expected_aux, shapes)
-    if dcfg.get(UNTRAINED_MARKER):
+    if dcfg.get(eagle3_format.UNTRAINED_KEY):
         problems.append(Problem("warning", f"draft {draft.ref} is UNTRAINED (random weights): nothing will be accepted and "
                                            "speculation only slows decoding; train one with `dynamo-spec train-draft`"))
     return problems
@@ -287,7 +287,7 @@ def _check_aux_layers(
     if expected is not None and list(expected) != ids:
         problems.append(Problem("error", f"speculative.aux_hidden_state_layer_ids is {expected} but vLLM will use {ids} from "
                                          f"{where}; fix one of them (the draft must be trained on the layers it gets)"))
-    bad = [i for i in ids if not 0 <= i <= n_layers]  # id i: the hidden state after i layers
+    bad = eagle3_format.layers_outside(ids, n_layers)
     if bad:
         problems.append(Problem("error", f"aux layer ids {ids} ({where}) include {bad}, outside the target's {n_layers} layers "
                                          f"(0..{n_layers}); set eagle_aux_hidden_state_layer_ids in the draft's config.json"))

@@ -39,6 +39,22 @@ def engine_arg_names() -> frozenset[str]:
 
 
 @functools.cache
+def frontend_arg_names() -> frozenset[str]:
+    """Options of vLLM's OpenAI frontend (`vllm serve` flags, snake_case) that are not
+    engine arguments: chat template, tool-call and reasoning parsers, response role, ..."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    dests = {a.dest for a in make_arg_parser(FlexibleArgumentParser())._actions}
+    return frozenset(dests - engine_arg_names() - {"help", "model_tag", "subparser", "dispatch_function"})
+
+
+# Frontend options this project sets itself (typed fields elsewhere or fixed by the router).
+FRONTEND_OWNED = {"host": "server.host", "port": "server.port", "api_key": "server.api_key",
+                  "served_model_name": "server.served_model_name", "model": "engine.model", "tokenizer": "engine.tokenizer"}
+
+
+@functools.cache
 def speculative_field_names() -> frozenset[str]:
     """User-settable fields of vLLM's SpeculativeConfig."""
     from vllm.config import SpeculativeConfig
@@ -83,6 +99,23 @@ class ServerSettings(_Section):
         "Match Kubernetes' terminationGracePeriodSeconds.",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    frontend: dict[str, Any] = Field(
+        default_factory=dict, description="vLLM OpenAI-frontend options, as `vllm serve` flags in snake_case: "
+        "chat_template, enable_auto_tool_choice, tool_call_parser, reasoning_parser, response_role, ...",
+    )
+
+    @field_validator("frontend")
+    @classmethod
+    def _known_frontend_options(cls, frontend: dict[str, Any]) -> dict[str, Any]:
+        for key in frontend:
+            if key in FRONTEND_OWNED:
+                raise ValueError(f"'{key}': set {FRONTEND_OWNED[key]} instead of server.frontend.{key}")
+            if key in engine_arg_names():
+                where = f"engine.{key}" if key in EngineSettings.model_fields else f"engine.extra.{key}"
+                raise ValueError(f"'{key}' is an engine argument: set {where}")
+            if key not in frontend_arg_names():
+                raise ValueError(f"'{key}' is not a vLLM frontend option{did_you_mean(key, frontend_arg_names())}")
+        return frontend
 
 
 class LimitsSettings(_Section):

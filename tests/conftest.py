@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.tiny_models import build_fixture_set, isolated_vllm_env
+from support.tiny_models import build_fixture_set, isolated_vllm_env
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,9 +20,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
 
 
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Folder = tier: a test under tests/<tier>/ carries that tier's marker and no other."""
+    here = Path(__file__).resolve().parent
+    wrong = []
+    for item in items:
+        folder = Path(item.path).resolve().relative_to(here).parts[0]
+        marks = {tier for tier in TIERS if item.get_closest_marker(tier)}
+        if folder in TIERS and marks != {folder}:
+            wrong.append(f"{item.nodeid}: in tests/{folder}/ but marked {sorted(marks) or 'with no tier'}")
+    if wrong:
+        raise pytest.UsageError("tests in the wrong tier folder:\n" + "\n".join(wrong))
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny target/draft pairs; see tests/fixtures/tiny_models.py."""
+    """Tiny target/draft pairs; see support/tiny_models.py."""
     cache = os.environ.get("DYNAMO_SPEC_TEST_MODELS")
     root = Path(cache) if cache else tmp_path_factory.mktemp("tiny-models")
     return build_fixture_set(root)

@@ -3,6 +3,7 @@
 #
 #   bash tests/run.sh [pytest args]      e.g. bash tests/run.sh -m unit
 #
+# Runs ruff (the lint rules in pyproject.toml), then pytest.
 # Installs (once): the project's .venv with the CPU/GPU vLLM build and test extras,
 # and, as root, the Debian packages `prometheus` and `docker-compose` (real
 # Prometheus and promtool for the metrics tests; compose-file validation) and
@@ -28,4 +29,6 @@ fi
 
 ensure_venv
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 TOKENIZERS_PARALLELISM=false
+# Lint first (seconds): the rules are in pyproject.toml [tool.ruff].
+"$DYNAMO_SPEC_VENV/bin/ruff" check --quiet "$DYNAMO_SPEC_ROOT"
 exec "$DYNAMO_SPEC_VENV/bin/python" -m pytest "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -82,20 +83,16 @@ class ManagedServer:
         """SIGTERM the server and wait up to `timeout` seconds for it to exit."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
 
     def stop(self, timeout: float = 30) -> int | None:
         """SIGTERM, then SIGKILL the whole group if anything is left."""
         if self.proc is None:
             return None
         self.terminate(timeout)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # helpers (EngineCore, workers) left behind, if any
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         self._log.close()
         return self.proc.returncode

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .data import read_jsonl, sample_seed
-from .engine import offline_llm
+from .offline_llm import offline_llm
+from .rows import read_jsonl, sample_seed
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
-                     max_new_tokens: int = 128, max_prompt_tokens: int = 1024,
+                     max_new_tokens: int, max_prompt_tokens: int = 1024,
                      max_num_seqs: int = 256, kv_cache_gib: float = 2.0, seed: int = 0,
                      minutes: float | None = None) -> Path:
     """Append ``{"id", "source", "prompt_ids", "answer_ids", "answer"}`` rows (greedy;

@@ -16,10 +16,11 @@ import re
 import subprocess
 import sys
 import zipfile
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from .rows import write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -231,18 +232,12 @@ SAMPLED_SOURCES = ("chatterbot", "mtbench", "humaneval", "mmlu", "bbh")
 def sampled_rows(rows: list[dict], per_prompt: int, temperature: float,
                  sources: tuple[str, ...] = SAMPLED_SOURCES) -> list[dict]:
     """``per_prompt`` extra rows for each train prompt of ``sources``, answered by
-    sampling at ``temperature`` (seeded by :func:`sample_seed`) instead of greedily:
+    sampling at ``temperature`` (seeded by ``rows.sample_seed``) instead of greedily:
     more of the target's text in the styles that have few prompts. The training
     targets stay the target's own distribution at every position."""
     return [{**r, "id": f"{r['id']}-t{j}", "temperature": temperature}
             for j in range(1, per_prompt + 1) for r in rows
             if r["split"] == "train" and r["source"] in sources]
-
-
-def sample_seed(seed: int, row_id: str) -> int:
-    """The sampling seed of one row: the run's seed and the row id, so an answer does
-    not depend on which other rows it was batched with."""
-    return zlib.crc32(f"{seed}-{row_id}".encode())
 
 
 def write_prompts(path: Path, download_dir: Path, seed: int = 0,
@@ -259,37 +254,6 @@ def write_prompts(path: Path, download_dir: Path, seed: int = 0,
     if samples:
         rows += sampled_rows(rows, samples, temperature)
     return write_jsonl(path, rows)
-
-
-def write_jsonl(path: Path, rows) -> Path:
-    """Write ``rows`` as JSON lines all at once (a temp file, then a rename)."""
-    tmp = path.with_suffix(".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
-    tmp.rename(path)
-    return path
-
-
-def read_jsonl(path: Path, split: str | None = None) -> list[dict]:
-    """Rows of a JSON-lines file; a last line still being written is left out."""
-    lines = Path(path).read_text().split("\n")[:-1]  # complete lines end with a newline
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return [r for r in rows if split is None or r.get("split") == split]
-
-
-def interleave_sources(rows: list[dict]) -> list[dict]:
-    """Round-robin over sources (sorted by name), so any prefix is a mix."""
-    by_src: dict[str, list] = {}
-    for r in rows:
-        by_src.setdefault(r.get("source", ""), []).append(r)
-    queues = [by_src[k] for k in sorted(by_src)]
-    out = []
-    while any(queues):
-        for q in queues:
-            if q:
-                out.append(q.pop(0))
-    return out
 
 
 def source_table(sources: tuple[Source, ...] = SOURCES) -> list[dict]:

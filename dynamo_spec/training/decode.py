@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .answers import chat_prompt_ids
-from .data import interleave_sources, read_jsonl, sample_seed
 from .hidden_states import shard_path, write_shard
+from .rows import interleave_sources, read_jsonl, sample_seed
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 class BatchDecoder:
     """Greedy decoding of a Llama-family transformers model with a static KV cache."""
 
-    def __init__(self, model, aux_layers=(2, 15, 27)):
+    def __init__(self, model, aux_layers: tuple[int, ...]):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self.model = model
@@ -219,7 +219,7 @@ def model_eos_ids(model) -> set[int]:
 
 
 def generate_with_states(target: Path, prompts_path: Path, work: Path, *,
-                         aux_layers=(2, 15, 27), max_new_tokens: int = 192,
+                         aux_layers: tuple[int, ...], max_new_tokens: int,
                          batch_size: int = 64, max_prompt_tokens: int = 512,
                          rows_per_shard: int = 128, dtype: str = "bfloat16",
                          minutes: float | None = None, threads: int | None = None,

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from .answers import chat_prompt_ids
-from .data import interleave_sources, read_jsonl
-from .engine import offline_llm
+from .offline_llm import offline_llm
+from .rows import interleave_sources, read_jsonl
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .data import read_jsonl
+from .rows import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def _extract(model, seqs: list[list[int]], aux_layers, max_batch_tokens: int):
 
 
 def extract_hidden_states(target: Path, answers_path: Path, out_dir: Path,
-                          aux_layers=(2, 15, 27), *, dtype: str = "float32",
+                          aux_layers: tuple[int, ...], *, dtype: str,
                           rows_per_shard: int = 128, max_batch_tokens: int = 4096,
                           full_shards_only: bool = False) -> Path:
     """Write shards with ``input_ids``, ``prompt_lens``, ``offsets``, ``aux``, ``final``.

@@ -17,36 +17,53 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import read_jsonl, source_table, write_prompts
+from .data import source_table, write_prompts
+from .rows import read_jsonl
 
 logger = logging.getLogger(__name__)
 
 
+def _opt(default, help: str, **kwargs):
+    """A field of PipelineConfig that is also a ``train-draft`` option (cli.py builds
+    the parser from these: the default and the help live here only)."""
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
 @dataclass
 class PipelineConfig:
-    target: Path
-    out: Path
-    work_dir: Path
-    seed: int = 0
-    steps: int | None = None
-    minutes: float | None = 25.0
-    answer_minutes: float | None = 26.0
-    max_new_tokens: int = 128
-    aux_layers: tuple = (2, 15, 27)
-    draft_vocab: int = 8192
+    """Every option of ``train-draft`` with its default: the one home for them."""
+
+    target: Path = field(metadata={"help": "target model directory", "required": True})
+    out: Path = field(metadata={"help": "where to write the draft", "required": True})
+    work_dir: Path = _opt(Path(".cache/train"), "intermediate data and checkpoints")
+    seed: int = _opt(0, "seed of the prompt split, sampling and training")
+    steps: int | None = _opt(None, "exact number of optimizer steps (instead of --minutes)")
+    minutes: float | None = _opt(25.0, "training time budget (steps estimated once, then fixed)")
+    answer_minutes: float | None = _opt(26.0, "time budget for generating answers (stops early, resumable)")
+    max_new_tokens: int = _opt(192, "longest answer the target writes per prompt")
+    aux_layers: tuple[int, ...] = _opt((2, 15, 27), "target layers fed to the draft, e.g. '2,15,27'")
+    draft_vocab: int = _opt(8192, "draft vocabulary size (the most frequent answer tokens)")
     # the target's compute dtype for answers and states (both generators); bf16 is the
     # serving dtype, fp32 is about 1.7x faster in the decoder on a CPU without bf16 units
-    dtype: str = "bfloat16"
-    generator: str = "decoder"
-    more_chitchat: int = 20000
-    samples: int = 0
-    temperature: float = 0.7
-    self_prompts: int = 0
-    self_temperature: float = 0.8
-    self_seed: int | None = None  # the self-prompts' sampling seed; default: ``seed``
-    init_from: Path | None = None
-    data_from: tuple = ()
-    timings: dict = field(default_factory=dict)
+    dtype: str = _opt("bfloat16", "the target's dtype in transformers (the decoder's answers and states, the "
+                      "self-prompts, vllm's states pass); bfloat16 is the serving dtype",
+                      choices=("bfloat16", "float32"))
+    generator: str = _opt("decoder", "decoder: one transformers pass keeps the hidden states while it decodes; "
+                          "vllm: vLLM answers, then a separate states pass", choices=("decoder", "vllm"))
+    more_chitchat: int = _opt(20000, "extra chit-chat prompts (other cuts of non-held-out conversations)")
+    samples: int = _opt(0, "extra sampled answers per train prompt of the small sources "
+                        "(chatterbot, mtbench, humaneval, mmlu, bbh)")
+    temperature: float = _opt(0.7, "sampling temperature of those extra answers")
+    self_prompts: int = _opt(0, "this many extra prompts written by the target itself (Magpie: sampled from "
+                             "its chat template's start of a user turn)")
+    self_temperature: float = _opt(0.8, "sampling temperature of those prompts")
+    self_seed: int | None = _opt(None, "sampling seed of those prompts (default: --seed); another seed gives new "
+                                 "requests while the prompt split, set by --seed, stays")
+    init_from: Path | None = _opt(None, "start from this draft's weights (fc, decoder layer, norm) instead of a "
+                                  "random init")
+    data_from: tuple[Path, ...] = _opt((), "an earlier work dir whose answers and states are trained on too "
+                                       "(its prompts are not answered again); repeatable")
+    timings: dict = field(default_factory=dict, metadata={"cli": False})
 
 
 def _timed(cfg: PipelineConfig, name: str, fn, *args, **kwargs):

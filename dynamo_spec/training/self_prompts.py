@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .data import read_jsonl, sample_seed, write_jsonl
+from .rows import read_jsonl, sample_seed, write_jsonl
 
 logger = logging.getLogger(__name__)
 

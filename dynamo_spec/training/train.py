@@ -18,8 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..default_model import draft_config
+from ..eagle3_format import draft_config
 from .model import Eagle3Draft, ttt_loss
+from .pipeline import PipelineConfig
 from .vocab import choose_draft_vocab, d2t_from_ids
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ class TrainConfig:
     ttt_steps: int = 3
     ckpt_every: int = 25
     val_sequences: int = 48
-    draft_vocab: int = 8192
-    aux_layers: tuple = (2, 15, 27)
+    draft_vocab: int = PipelineConfig.draft_vocab
+    aux_layers: tuple = PipelineConfig.aux_layers
     # lm_head starts as the target's embedding rows (tied target); keeping it frozen
     # (as EAGLE-1/2 keep the target's head) halves the trainable parameters, which
     # matters when data is scarce.
@@ -55,7 +56,7 @@ def load_target_tensors(target: Path) -> dict:
     for f in sorted(Path(target).glob("*.safetensors")):
         with safe_open(str(f), "pt") as st:
             for key in ("model.embed_tokens.weight", "model.norm.weight"):
-                if key in st.keys():
+                if key in st.keys():  # noqa: SIM118 - safe_open is not a mapping
                     out[key] = st.get_tensor(key).float()
     return out
 

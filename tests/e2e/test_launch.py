@@ -15,7 +15,7 @@ import pytest
 import requests
 import yaml
 
-from tests.server import free_port, tiny_config
+from support.server import free_port, tiny_config
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,8 @@ import time
 import openai
 import pytest
 
+from support.server import ServerProcess, tiny_config
 from tests.promql import PrometheusServer, alert_rules, dashboard_queries
-from tests.server import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.e2e
 

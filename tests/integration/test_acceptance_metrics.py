@@ -1,7 +1,7 @@
 """Acceptance metrics are exactly right, on drafts whose acceptance is known in advance.
 
 The fixed target always emits token 0; the drafts propose it always, never, or at
-the first position only (see tests/fixtures/tiny_models.py). One server per pair.
+the first position only (see support/tiny_models.py). One server per pair.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server import ServerProcess, tiny_config
+from support.server import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 import requests
 
-from tests.server import ServerProcess, tiny_config
+from support.server import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 
@@ -71,17 +71,42 @@ def test_completion_streaming_equals_non_streaming(client):
     assert spec_stats(full)["num_spec_steps"] > 0
 
 
-def test_greedy_output_identical_without_speculation(client, tiny_models, tmp_path_factory):
+# server.frontend reaches vLLM's serving layer: a chat template that ignores the messages
+# and a response role of our own (completions, which the lossless test uses, read neither).
+FIXED_TEMPLATE = "{{ 'Q: tell me a story. A:' }}"
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models, tmp_path_factory):
+    config = tiny_config(tiny_models["target"], None,
+                         server={"frontend": {"chat_template": FIXED_TEMPLATE, "response_role": "narrator"}})
+    with ServerProcess(config, tmp_path_factory.mktemp("plain")) as srv:
+        yield srv
+
+
+def test_greedy_output_identical_without_speculation(client, plain):
     with_spec = [client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
                                            extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
-    config = tiny_config(tiny_models["target"], None)
-    with ServerProcess(config, tmp_path_factory.mktemp("plain")) as plain:
-        plain_client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
-        without = [plain_client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
-                                                   extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
-        plain_response = plain_client.completions.create(model="tiny", prompt="x", max_tokens=2)
-        assert (plain_response.model_extra.get("metrics") or {}).get("speculative_decoding") is None
+    plain_client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
+    without = [plain_client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
+                                               extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+    plain_response = plain_client.completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert (plain_response.model_extra.get("metrics") or {}).get("speculative_decoding") is None
     assert with_spec == without
+
+
+def test_frontend_options_reach_vllm(plain):
+    def chat(content: str) -> dict:
+        r = requests.post(plain.url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first, second = chat("Hello there"), chat("Something else entirely, and much longer than the first one")
+    assert first["choices"][0]["message"]["role"] == "narrator"
+    # The template renders the same prompt whatever the messages say.
+    assert first["usage"]["prompt_tokens"] == second["usage"]["prompt_tokens"]
+    assert first["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize(

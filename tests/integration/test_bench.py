@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.server import tiny_config
+from support.server import tiny_config
 
 pytestmark = pytest.mark.integration
 

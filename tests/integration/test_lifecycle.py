@@ -16,8 +16,8 @@ import openai
 import pytest
 import requests
 
+from support.server import ServerProcess, _group_members
 from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, config, metric, post
-from tests.server import ServerProcess, _group_members
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +62,9 @@ def test_sigterm_while_loading_exits_promptly_leaving_nothing(tiny_models, tmp_p
 def stream_in_thread(server, max_tokens: int, results: list):
     def run():
         try:
-            stream = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0).completions.create(model="tiny", prompt=PROMPT, max_tokens=max_tokens,
-                                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+            stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=max_tokens,
+                                               temperature=0, stream=True, extra_body={"ignore_eos": True})
             tokens, finish = 0, None
             for chunk in stream:
                 if chunk.choices:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from dynamo_spec.bench.run import read_spec_counters
-from tests.server import ServerProcess, tiny_config
+from support.server import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from dynamo_spec.training.data import read_jsonl
 from dynamo_spec.training.decode import generate_with_states
 from dynamo_spec.training.hidden_states import load_shards
+from dynamo_spec.training.rows import read_jsonl
 
 pytestmark = pytest.mark.integration
 

@@ -72,7 +72,7 @@ def test_warns_when_reachable_without_a_key():
 
 
 def test_key_never_shown_and_requests_not_logged_by_default():
-    from dynamo_spec.app import vllm_serving_args
+    from dynamo_spec.engine_args import vllm_serving_args
 
     s = Settings(engine={"model": "m"}, speculative={"enabled": False}, server={"api_key": "s3cret"})
     assert "s3cret" not in repr(s) and "s3cret" not in str(s.model_dump())

@@ -48,6 +48,7 @@ def test_cpu_default(repo_root):
             "model": str(repo_root / "models/smollm2-135m-instruct-eagle3"),
             "num_speculative_tokens": 3,
             "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 5, 1], [6, 128, 0]],
+            "use_local_argmax_reduction": True,
         },
         "per_request_spec_decode_metrics": "summary",
     }
@@ -78,7 +79,8 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     args = build_engine_args(settings)
     assert type(args).__name__ == "AsyncEngineArgs"
     assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 3,
-                                       "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 5, 1], [6, 128, 0]]}
+                                       "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 5, 1], [6, 128, 0]],
+                                       "use_local_argmax_reduction": True}
     assert args.dtype in ("bfloat16", "float32")  # auto, resolved for this host
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
 

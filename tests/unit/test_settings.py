@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,20 @@ def test_cli_config_prints_sources(tmp_path, write_config):
     assert lines["engine.seed"][1:] == ["7", "env", "DYNAMO_SPEC_ENGINE__SEED"]
     assert lines["speculative.num_speculative_tokens"][1:] == ["2", f"{path}:6"]
     assert lines["server.host"][1:] == ["0.0.0.0", "default"]
+
+
+def test_frontend_options_are_checked_and_reach_vllm_serving_args():
+    from dynamo_spec.engine_args import vllm_serving_args
+    from dynamo_spec.settings import Settings
+
+    settings = Settings(engine={"model": "m"}, speculative={"enabled": False},
+                        server={"served_model_name": "served",
+                                "frontend": {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}})
+    args = vllm_serving_args(settings)
+    assert (args.tool_call_parser, args.enable_auto_tool_choice, args.served_model_name) == ("hermes", True, ["served"])
+    for frontend, message in [({"tool_cal_parser": "x"}, "did you mean 'tool_call_parser'?"),
+                              ({"port": 1}, "set server.port instead of server.frontend.port"),
+                              ({"max_num_seqs": 2}, "is an engine argument: set engine.max_num_seqs"),
+                              ({"block_size": 16}, "set engine.extra.block_size")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Settings(engine={"model": "m"}, speculative={"enabled": False}, server={"frontend": frontend})

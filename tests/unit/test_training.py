@@ -9,11 +9,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dynamo_spec.default_model import draft_config, random_draft_weights
+from dynamo_spec.default_model import random_draft_weights
+from dynamo_spec.eagle3_format import draft_config
 from dynamo_spec.training.model import Eagle3Draft, ttt_loss
 from dynamo_spec.training.train import TrainConfig, batch_at, epoch_rows, make_batch, save_draft
+from dynamo_spec.training.verify import compare
 from dynamo_spec.training.vocab import choose_draft_vocab, d2t_from_ids, target_to_draft
-from dynamo_spec.verify import compare
 
 pytestmark = pytest.mark.unit
 
@@ -232,3 +233,45 @@ def test_training_on_nothing_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="no answered sequences"):
         train(tmp_path / "target", [], tmp_path / "out", tmp_path / "ck.pt", TrainConfig(), 0)
+
+
+def test_aux_layer_rule_is_one_rule():
+    from dynamo_spec.eagle3_format import aux_layer_problem
+
+    # vLLM's id i is the hidden state after i layers: 0..n are all valid for n layers.
+    assert aux_layer_problem([0, 3, 5], 5) is None
+    assert "outside 0..5" in aux_layer_problem([1, 6], 5)
+    assert "repeat" in aux_layer_problem([2, 2, 3], 5)
+    assert draft_config(TARGET, (1, 3, TARGET["num_hidden_layers"]), 16)["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"][-1] == TARGET["num_hidden_layers"]
+    with pytest.raises(ValueError, match="outside"):
+        draft_config(TARGET, (1, 3, TARGET["num_hidden_layers"] + 1), 16)
+
+
+def test_train_draft_options_come_from_the_pipeline_config():
+    import argparse
+    import dataclasses
+
+    from dynamo_spec.training import cli
+    from dynamo_spec.training.pipeline import PipelineConfig
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train-draft", "--target", "t", "--out", "o", "--aux-layers", "1,2,3"])
+    for f in dataclasses.fields(PipelineConfig):
+        if f.name in ("target", "out", "aux_layers", "data_from", "timings"):
+            continue
+        assert getattr(args, f.name) == f.default, f.name
+    assert args.aux_layers == (1, 2, 3) and args.data_from == []
+
+
+def test_train_draft_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "dynamo_spec", "train-draft", "--target", str(tmp_path / "none"),
+                             "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("dynamo-spec train-draft: error: FileNotFoundError")
+    assert not (tmp_path / "work").exists()

@@ -11,6 +11,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..engine_args import engine_kwargs
+from ..settings import Settings
+
 
 @contextlib.contextmanager
 def isolated_vllm_dirs():
@@ -38,20 +41,24 @@ def isolated_vllm_dirs():
 def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
                 dtype: str = "bfloat16", kv_cache_bytes: int = 512 * 2**20,
                 max_num_seqs: int = 64, max_model_len: int = 2048, **extra):
-    """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down."""
+    """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down.
+
+    Its arguments come from a ``Settings`` through ``engine_args.engine_kwargs``, as the
+    server's do; ``extra`` is ``engine.extra``."""
+    settings = Settings(
+        engine={"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
+                "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": 0,
+                "per_request_spec_decode_metrics": "none", "extra": extra},
+        speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k} if draft is not None
+        else {"enabled": False},
+    )
     with isolated_vllm_dirs():
         from vllm import LLM
 
         from ..cpu_threads import default_cpu_thread_binding
 
         default_cpu_thread_binding()
-
-        spec = None
-        if draft is not None:
-            spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}
-        llm = LLM(model=str(target), dtype=dtype, kv_cache_memory_bytes=kv_cache_bytes,
-                  enforce_eager=True, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                  seed=0, speculative_config=spec, **extra)
+        llm = LLM(**engine_kwargs(settings))
         try:
             yield llm
         finally:

@@ -17,7 +17,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .training.data import interleave_sources
+from ..logs import setup_logging
+from .rows import interleave_sources
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | No
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from .training.engine import offline_llm
+    from .offline_llm import offline_llm
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=5)
     with offline_llm(target, draft=draft, k=k, dtype=dtype,
@@ -96,7 +97,7 @@ def verify(target: Path, draft: Path, k: int, prompts: list[list[dict]], *,
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO)
+    setup_logging()
     prompts = load_prompts(args.prompts, args.n)
     diffs = verify(args.target, args.draft, args.k, prompts, max_tokens=args.max_tokens,
                    dtype=args.dtype)

@@ -1,0 +1,94 @@
+"""The EAGLE-3 draft checkpoint format vLLM 0.32 loads (``LlamaForCausalLMEagle3``).
+
+One home for it: the config fields, the tensor names and shapes ``llama_eagle3.py``
+loads, the rule for aux layer ids, and our marker for an untrained draft. The default
+model's untrained draft, training's export, preflight and the test fixtures all use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+UNTRAINED_KEY = "dynamo_spec_untrained"  # config.json: random weights, nothing will be accepted
+
+# Copied from the target's config.json when present: the draft layer has the target's shape.
+_TARGET_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "rms_norm_eps", "vocab_size", "max_position_embeddings", "hidden_act", "bos_token_id",
+                "eos_token_id", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias")
+
+
+def layers_outside(ids: Iterable[int], num_target_layers: int) -> list[int]:
+    """The aux layer ids a target of this depth does not have. vLLM's id i is the hidden
+    state after i decoder layers: 0 is the embeddings, ``num_target_layers`` the last
+    layer's output."""
+    return [i for i in ids if not 0 <= i <= num_target_layers]
+
+
+def aux_layer_problem(ids: Iterable[int], num_target_layers: int) -> str | None:
+    """What is wrong with these aux layer ids for a target of this depth, or None."""
+    ids = list(ids)
+    outside = layers_outside(ids, num_target_layers)
+    if outside:
+        return f"{outside} outside 0..{num_target_layers} (id i = the hidden state after i layers)"
+    if len(set(ids)) != len(ids):
+        return "ids repeat (each must be a different layer)"
+    return None
+
+
+def draft_config(target_cfg: dict[str, Any], aux_layer_ids: Iterable[int], draft_vocab_size: int,
+                 dtype: str = "bfloat16") -> dict[str, Any]:
+    """config.json of a one-layer EAGLE-3 draft with the target's shape."""
+    aux = [int(i) for i in aux_layer_ids]
+    problem = aux_layer_problem(aux, target_cfg["num_hidden_layers"])
+    if problem:
+        raise ValueError(f"aux_layer_ids {aux}: {problem}")
+    cfg = {k: target_cfg[k] for k in _TARGET_KEYS if target_cfg.get(k) is not None}
+    cfg.update({
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "draft_vocab_size": int(draft_vocab_size),
+        "target_hidden_size": target_cfg["hidden_size"],
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+    })
+    return cfg
+
+
+def aux_ids_of(cfg: dict[str, Any]) -> list[int]:
+    eagle = cfg.get("eagle_config") or {}
+    return list(cfg.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids") or [])
+
+
+def tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor a draft with this config.json holds, name -> shape, except the
+    vocabulary maps (see ``vocab_maps_needed``). 1-D entries are norm weights."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or h // heads
+    n_aux = len(aux_ids_of(cfg)) or 3
+    return {
+        "fc.weight": (h, n_aux * cfg.get("target_hidden_size", h)),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": (inter, h),
+        "midlayer.mlp.up_proj.weight": (inter, h),
+        "midlayer.mlp.down_proj.weight": (h, inter),
+        "norm.weight": (h,),
+        "lm_head.weight": (cfg.get("draft_vocab_size", cfg["vocab_size"]), h),
+    }
+
+
+def vocab_maps_needed(cfg: dict[str, Any]) -> bool:
+    """A reduced draft vocabulary needs ``d2t`` (int64, ``target = draft + d2t[draft]``;
+    vLLM refuses one when the vocabularies are equal) and, for other tools, ``t2d``."""
+    return cfg.get("draft_vocab_size", cfg["vocab_size"]) != cfg["vocab_size"]
