@@ -56,11 +56,6 @@ def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
     out["inproc"] = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [])  # EngineCore inside the API process
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
-    # Intel OpenMP's spin time after a parallel region (vLLM sets 5 ms): idle OpenMP threads
-    # spinning on both cores delay EngineCore and the API server on a 2-core machine.
-    for ms in ("0", "1"):
-        out[f"blocktime{ms}"] = ({"DYNAMO_SPEC_KMP_BLOCKTIME": ms}, [])
-        out[f"compiled-blocktime{ms}"] = ({"DYNAMO_SPEC_KMP_BLOCKTIME": ms}, ["--engine.enforce_eager", "false"])
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
     out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])

@@ -117,31 +117,6 @@ def apply_cpu_fixes() -> bool:
     return True
 
 
-KMP_BLOCKTIME_ENV = "DYNAMO_SPEC_KMP_BLOCKTIME"
-
-
-def _set_worker_kmp_blocktime(value: str) -> None:
-    """Intel OpenMP's KMP_BLOCKTIME (ms an idle OpenMP thread spins before it sleeps) for
-    the CPU workers vLLM starts; vLLM sets it to 5 when it starts a worker."""
-    import contextlib
-
-    from vllm.utils.ompmultiprocessing import OMPProcessManager
-
-    original = OMPProcessManager.configure_omp_envs
-    if getattr(original, "_dynamo_spec_blocktime", False):
-        return
-
-    @contextlib.contextmanager
-    def configure_omp_envs(self, rank: int, local_rank: int):
-        with original(self, rank, local_rank):
-            if "KMP_BLOCKTIME" in os.environ:
-                os.environ["KMP_BLOCKTIME"] = value
-            yield
-
-    configure_omp_envs._dynamo_spec_blocktime = True
-    OMPProcessManager.configure_omp_envs = configure_omp_envs
-
-
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group (runs in every process)."""
     try:
@@ -155,11 +130,6 @@ def register() -> None:
             "dynamo-spec: could not install the CPU rejection-sampler fix; "
             "speculative decoding with temperature > 0 may emit garbage on CPU"
         )
-    if os.environ.get(KMP_BLOCKTIME_ENV):
-        try:
-            _set_worker_kmp_blocktime(os.environ[KMP_BLOCKTIME_ENV])
-        except Exception:
-            logger.exception("dynamo-spec: could not set the workers' KMP_BLOCKTIME")
     if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
         return
     try:

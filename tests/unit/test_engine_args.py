@@ -41,7 +41,7 @@ def test_cpu_default(repo_root):
         "tensor_parallel_size": 1,
         "gpu_memory_utilization": 0.9,
         "kv_cache_memory_bytes": 512 * 2**20,
-        "enforce_eager": True,
+        "enforce_eager": False,
         "seed": 0,
         "speculative_config": {
             "method": "eagle3",
