@@ -25,17 +25,23 @@ VAR = "VLLM_CPU_OMP_THREADS_BIND"
 
 def default_cpu_thread_binding(environ: MutableMapping[str, str] | None = None,
                                cpus: set[int] | None = None,
-                               is_cpu: bool | None = None) -> str | None:
+                               is_cpu: bool | None = None, ranks: int = 1) -> str | None:
     """Set ``VLLM_CPU_OMP_THREADS_BIND`` to all usable cores on a small CPU-only host
-    unless it is set already; return the value set, or None when nothing changed."""
+    unless it is set already; return the value set, or None when nothing changed.
+
+    With ``ranks`` > 1 (tensor/pipeline parallel ranks, one process each) the cores are
+    split into that many contiguous groups, ``0,1|2,3``: vLLM's format, one group per rank."""
     environ = os.environ if environ is None else environ
     if VAR in environ:
         return None
     cpus = set(os.sched_getaffinity(0)) if cpus is None else cpus
     if len(cpus) > SMALL or not (on_cpu() if is_cpu is None else is_cpu):
         return None
-    value = ",".join(str(c) for c in sorted(cpus))
+    if ranks > len(cpus):
+        return None  # fewer cores than ranks: leave it to vLLM (which will say so)
+    ordered, per_rank = sorted(cpus), len(cpus) // ranks
+    value = "|".join(",".join(str(c) for c in ordered[r * per_rank:(r + 1) * per_rank]) for r in range(ranks))
     environ[VAR] = value
-    logger.info("%s=%s (all %d cores: faster than vLLM's 'auto' on small machines; "
-                "set the variable to override)", VAR, value, len(cpus))
+    logger.info("%s=%s (all %d cores over %d rank(s): faster than vLLM's 'auto' on small machines; "
+                "set the variable to override)", VAR, value, len(cpus), ranks)
     return value

@@ -92,3 +92,69 @@ def vocab_maps_needed(cfg: dict[str, Any]) -> bool:
     """A reduced draft vocabulary needs ``d2t`` (int64, ``target = draft + d2t[draft]``;
     vLLM refuses one when the vocabularies are equal) and, for other tools, ``t2d``."""
     return cfg.get("draft_vocab_size", cfg["vocab_size"]) != cfg["vocab_size"]
+
+
+# --- the speculators format ---------------------------------------------------
+# vLLM's `speculators` library (PyPI) defines the config.json of published EAGLE-3 drafts
+# (e.g. RedHatAI's): the layer's config under `transformer_layer_config`, the method and the
+# verifier (target) under `speculators_config`. The weights are the same tensors (vLLM maps
+# `midlayer.` and `layers.0.` alike). vLLM converts the config when it loads
+# (vllm/transformers_utils/configs/speculators/algos.py, `update_eagle3`); ``vllm_view``
+# does the same so that preflight checks what vLLM will see.
+SPECULATORS_KEY = "speculators_model_type"
+SPECULATORS_EAGLE3_TYPES = ("eagle3", "peagle")  # peagle: EAGLE-3 with parallel drafting
+_LAYER_ARCHS = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+
+def is_speculators(cfg: dict[str, Any]) -> bool:
+    return SPECULATORS_KEY in cfg
+
+
+def vllm_view(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A draft's config.json as vLLM 0.32 sees it: speculators format converted, ours as is."""
+    if not is_speculators(cfg):
+        return cfg
+    view = dict(cfg.get("transformer_layer_config") or {})
+    view["draft_vocab_size"] = cfg.get("draft_vocab_size")
+    if cfg.get("target_hidden_size") is not None:
+        view["target_hidden_size"] = cfg["target_hidden_size"]
+    view["norm_before_residual"] = cfg.get("norm_before_residual", True)  # vLLM's default for this format
+    model_type = view.get("model_type", "llama")
+    if model_type in _LAYER_ARCHS:
+        view["architectures"] = [_LAYER_ARCHS[model_type]]
+    if cfg.get("eagle_aux_hidden_state_layer_ids"):
+        view["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
+    return view
+
+
+def verifier_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The speculators format's verifier: ``name_or_path`` and ``architectures`` of the target."""
+    return ((cfg.get("speculators_config") or {}).get("verifier")) or {}
+
+
+def to_speculators(cfg: dict[str, Any], *, verifier: str, verifier_architectures: list[str],
+                   num_speculative_tokens: int = 3) -> dict[str, Any]:
+    """Our (vLLM-format) draft config.json in the speculators format, for the same weights."""
+    layer = {k: v for k, v in cfg.items()
+             if k not in ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config", UNTRAINED_KEY)}
+    layer.setdefault("model_type", "llama")
+    out = {
+        "architectures": ["Eagle3Speculator"],
+        SPECULATORS_KEY: "eagle3",
+        "draft_vocab_size": cfg.get("draft_vocab_size", cfg["vocab_size"]),
+        "target_hidden_size": cfg.get("target_hidden_size", cfg["hidden_size"]),
+        # What our drafts compute (vLLM's own format defaults it to False, this one to True).
+        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+        "eagle_aux_hidden_state_layer_ids": aux_ids_of(cfg),
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
+        },
+    }
+    if cfg.get(UNTRAINED_KEY):
+        out[UNTRAINED_KEY] = True
+    return out

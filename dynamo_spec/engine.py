@@ -31,7 +31,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     """
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    default_cpu_thread_binding()
+    default_cpu_thread_binding(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size)
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:

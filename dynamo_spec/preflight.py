@@ -70,6 +70,9 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         draft = _load(spec.model, "speculative.model", problems)
     if target is not None:
         problems += _check_target(target, on_cpu)
+    if draft is not None and eagle3_format.is_speculators(draft.config):
+        problems += _check_speculators(draft, target, spec.method)
+        draft = Checkpoint(draft.ref, eagle3_format.vllm_view(draft.config), draft.directory)
     if spec.enabled and spec.method in ("eagle", "eagle3") and draft is not None:
         method_problems = _check_method(draft, spec.method)
         problems += method_problems
@@ -85,7 +88,34 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
             where = "vLLM's default max_num_seqs here"
         problems += check_schedule(spec.num_speculative_tokens_per_batch_size, spec.num_speculative_tokens,
                                    max_num_seqs, where)
+    problems += check_parallel(settings, on_cpu, None if on_cpu else _gpu_count())
     problems += _check_memory(settings, target, draft, on_cpu)
+    return problems
+
+
+def check_parallel(settings: Settings, on_cpu: bool, visible_gpus: int | None) -> list[Problem]:
+    """Ranks against the machine, the draft's TP against the target's, and what vLLM turns off."""
+    engine, spec = settings.engine, settings.speculative
+    problems: list[Problem] = []
+    ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size * engine.data_parallel_size
+    layout = (f"engine.tensor_parallel_size {engine.tensor_parallel_size} x pipeline_parallel_size "
+              f"{engine.pipeline_parallel_size} x data_parallel_size {engine.data_parallel_size} = {ranks} GPUs")
+    if not on_cpu and visible_gpus is not None and ranks > visible_gpus:
+        if engine.distributed_executor_backend == "ray":
+            problems.append(Problem("warning", f"{layout}, this node shows {visible_gpus}: the Ray cluster must "
+                                               "provide the rest"))
+        else:
+            problems.append(Problem("error", f"{layout} but this machine shows {visible_gpus}; lower them, or "
+                                             "use engine.distributed_executor_backend: ray across nodes"))
+    if spec.enabled and spec.draft_tensor_parallel_size is not None \
+            and spec.draft_tensor_parallel_size > engine.tensor_parallel_size:
+        problems.append(Problem("error", f"speculative.draft_tensor_parallel_size {spec.draft_tensor_parallel_size} "
+                                         f"exceeds engine.tensor_parallel_size {engine.tensor_parallel_size}; vLLM "
+                                         "runs the draft on the target's ranks"))
+    if spec.enabled and spec.num_speculative_tokens_per_batch_size is not None and engine.data_parallel_size > 1:
+        problems.append(Problem("warning", f"{SCHEDULE_FIELD} is ignored with engine.data_parallel_size > 1 (vLLM "
+                                           f"turns it off: ranks could pick different k); every step drafts "
+                                           f"k={spec.num_speculative_tokens}"))
     return problems
 
 
@@ -232,6 +262,23 @@ def _check_method(draft: Checkpoint, method: str) -> list[Problem]:
     return []
 
 
+def _check_speculators(draft: Checkpoint, target: Checkpoint | None, method: str) -> list[Problem]:
+    """A draft in the speculators format: its type against the method, its verifier against the target."""
+    kind = draft.config.get(eagle3_format.SPECULATORS_KEY)
+    problems: list[Problem] = []
+    if method == "eagle3" and kind not in eagle3_format.SPECULATORS_EAGLE3_TYPES:
+        problems.append(Problem("error", f"speculative.method is 'eagle3' but {draft.ref} is a speculators '{kind}' "
+                                         "draft; set the method it was trained for"))
+    verifier = eagle3_format.verifier_of(draft.config)
+    wanted = set(verifier.get("architectures") or [])
+    have = set((target.config.get("architectures") or []) if target is not None else [])
+    if wanted and have and not wanted & have:
+        problems.append(Problem("error", f"draft {draft.ref} was trained for {verifier.get('name_or_path')} "
+                                         f"({', '.join(sorted(wanted))}) but the target is {', '.join(sorted(have))}; "
+                                         "use a draft trained for this target"))
+    return problems
+
+
 def aux_layer_ids(draft_config: dict[str, Any], num_target_layers: int) -> tuple[list[int], str]:
     """The aux layer ids vLLM will use, and where they come from."""
     eagle_config = draft_config.get("eagle_config") or {}
@@ -312,8 +359,15 @@ def _check_memory(settings: Settings, target: Checkpoint | None, draft: Checkpoi
         available = _mem_available()
         what = "available memory"
     else:
-        available = _gpu_memory() * settings.engine.gpu_memory_utilization / settings.engine.tensor_parallel_size
-        what = f"GPU memory x gpu_memory_utilization {settings.engine.gpu_memory_utilization}"
+        # Per GPU: the target's weights split over TP x PP ranks, the draft's over its own TP.
+        engine, spec = settings.engine, settings.speculative
+        split = engine.tensor_parallel_size * engine.pipeline_parallel_size
+        draft_tp = spec.draft_tensor_parallel_size or engine.tensor_parallel_size
+        target_bytes = (target.weight_bytes() or 0) if target else 0
+        draft_bytes = (draft.weight_bytes() or 0) if draft else 0
+        need = target_bytes // split + draft_bytes // draft_tp
+        available = _gpu_memory() * engine.gpu_memory_utilization
+        what = f"one GPU's memory x gpu_memory_utilization {engine.gpu_memory_utilization}"
     if not available:
         return []
     # Weights, KV cache, and ~1 GiB of runtime overhead (measured: ~2 GB RSS for a tiny model on CPU).
@@ -333,6 +387,12 @@ def _mem_available() -> int:
     except OSError:
         pass
     return 0
+
+
+def _gpu_count() -> int | None:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
 def _gpu_memory() -> int:

@@ -143,7 +143,12 @@ class EngineSettings(_Section):
     tokenizer: str | None = Field(None, description="Tokenizer directory or id; defaults to the model's.")
     dtype: Literal["auto", "bfloat16", "float16", "float32", "half", "float"] = "auto"
     max_model_len: int | None = Field(None, ge=16, description="Context length; defaults to the model's.")
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1, description="Ranks (GPUs; on CPU, processes) the target is split over.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split over ranks, or nodes).")
+    data_parallel_size: int = Field(1, ge=1, description="Engine replicas inside one server (MoE models mostly).")
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        None, description="How vLLM starts its ranks: mp (one node) or ray (several nodes); null: vLLM's choice."
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: fraction of GPU memory for vLLM.")
     kv_cache_memory_bytes: ByteSize | None = Field(
         None, description="KV-cache size, e.g. '512MiB'. Required on CPU (automatic sizing fails there)."

@@ -6,7 +6,8 @@
 # Runs ruff (the lint rules in pyproject.toml), then pytest.
 # Installs (once): the project's .venv with the CPU/GPU vLLM build and test extras,
 # and, as root, the Debian packages `prometheus` and `docker-compose` (real
-# Prometheus and promtool for the metrics tests; compose-file validation) and
+# Prometheus and promtool for the metrics tests; compose-file validation), `kubernetes-client`
+# when kubectl is missing (renders deploy/k8s) and
 # `libtcmalloc-minimal4` (preloaded into vLLM's CPU engine processes).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/env.sh"
@@ -15,6 +16,8 @@ cd "$DYNAMO_SPEC_ROOT"
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+# kubectl (its built-in kustomize renders deploy/k8s); machines of this kind ship v1.32.
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 # tcmalloc, preloaded into vLLM's engine processes on CPU (engine.cpu_preload) as the servers do in production.
 ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || missing+=(libtcmalloc-minimal4)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -43,6 +43,8 @@ class PipelineConfig:
     max_new_tokens: int = _opt(192, "longest answer the target writes per prompt")
     aux_layers: tuple[int, ...] = _opt((2, 15, 27), "target layers fed to the draft, e.g. '2,15,27'")
     draft_vocab: int = _opt(8192, "draft vocabulary size (the most frequent answer tokens)")
+    draft_format: str = _opt("vllm", "config.json of the written draft: vllm (LlamaForCausalLMEagle3) or speculators "
+                             "(vLLM's speculators library's format; the same weights)", choices=("vllm", "speculators"))
     # the target's compute dtype for answers and states (both generators); bf16 is the
     # serving dtype, fp32 is about 1.7x faster in the decoder on a CPU without bf16 units
     dtype: str = _opt("bfloat16", "the target's dtype in transformers (the decoder's answers and states, the "
@@ -121,7 +123,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     tcfg = TrainConfig(seed=cfg.seed, steps=cfg.steps,
                        minutes=None if cfg.steps else cfg.minutes,
                        aux_layers=tuple(cfg.aux_layers), draft_vocab=cfg.draft_vocab,
-                       init_from=cfg.init_from)
+                       init_from=cfg.init_from, draft_format=cfg.draft_format)
     summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
                      tcfg, eos_id)
     sources = source_table() + ([{"name": SOURCE, "package": "the target itself",

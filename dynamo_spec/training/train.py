@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..eagle3_format import draft_config
+from ..eagle3_format import draft_config, to_speculators
 from .model import Eagle3Draft, ttt_loss
 from .pipeline import PipelineConfig
 from .vocab import choose_draft_vocab, d2t_from_ids
@@ -48,6 +48,7 @@ class TrainConfig:
     # warm start: a draft directory whose fc / decoder layer / norm weights replace the
     # random init (the lm_head and d2t still follow this run's draft vocabulary)
     init_from: Path | None = None
+    draft_format: str = PipelineConfig.draft_format
 
 
 def load_target_tensors(target: Path) -> dict:
@@ -162,7 +163,17 @@ def evaluate(draft, embed, seqs, idx, cfg, embed_draft) -> list[float]:
     return [sum(a[j] for a in accs) / max(1, len(accs)) for j in range(cfg.ttt_steps)]
 
 
-def save_draft(draft: Eagle3Draft, dcfg: dict, out_dir: Path) -> None:
+def save_draft(draft: Eagle3Draft, dcfg: dict, out_dir: Path, *, draft_format: str = "vllm",
+               target: Path | None = None) -> None:
+    """Weights and config.json; ``draft_format`` "speculators" writes the config in vLLM's
+    speculators format (the same weights; vLLM 0.32 loads both)."""
+    if draft_format == "speculators":
+        if target is None:
+            raise ValueError("the speculators format names its verifier: pass the target")
+        target_cfg = json.loads((Path(target) / "config.json").read_text())
+        dcfg = to_speculators(dcfg, verifier=str(target), verifier_architectures=target_cfg.get("architectures") or [])
+    elif draft_format != "vllm":
+        raise ValueError(f"draft_format must be 'vllm' or 'speculators', not {draft_format!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype)
              .contiguous() for k, v in draft.state_dict().items()}
@@ -220,7 +231,7 @@ def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: T
     bar.close()
     train_seconds = time.monotonic() - t0
     val = evaluate(draft, embed, seqs, val_idx, cfg, embed_draft)
-    save_draft(draft, dcfg, out_dir)
+    save_draft(draft, dcfg, out_dir, draft_format=cfg.draft_format, target=target)
     n_tokens = sum(len(seqs[i]["input_ids"]) for i in train_idx)
     summary = {"steps": step, "train_seconds": round(train_seconds), "train_sequences":
                len(train_idx), "train_tokens": n_tokens, "val_sequences": len(val_idx),

@@ -157,3 +157,20 @@ def test_shipped_cpu_config_passes_preflight_with_the_trained_draft(default_mode
         repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", ["--engine.model", str(default_model)], {}
     ).settings
     assert run_preflight(settings, on_cpu=True) == []
+
+
+def test_k8s_cpu_overlay_config_passes_preflight(default_model: Path, repo_root: Path, tmp_path: Path):
+    """deploy/k8s/overlays/cpu/config.yaml (image paths under /app) with the image's layout
+    mapped onto this checkout: `dynamo-spec check` passes."""
+    import subprocess
+    import sys
+
+    text = (repo_root / "deploy/k8s/overlays/cpu/config.yaml").read_text()
+    assert "/app/.cache/models/SmolLM2-135M-Instruct" in text and "/app/models/" in text
+    config = tmp_path / "config.yaml"
+    config.write_text(text.replace("/app/.cache/models/SmolLM2-135M-Instruct", str(default_model))
+                      .replace("/app/", f"{repo_root}/"))
+    result = subprocess.run([sys.executable, "-m", "dynamo_spec", "check", "--config", str(config)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "preflight: ok" in result.stdout

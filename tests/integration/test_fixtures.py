@@ -6,6 +6,7 @@ One engine per (target, draft) pair, started once per module (~15 s each on CPU)
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,29 @@ def test_random_draft_is_lossless(fixtures: dict[str, Path]) -> None:
     assert token_ids(with_spec) == token_ids(without)
     assert all(len(ids) == MAX_TOKENS for ids in token_ids(without))
     assert all(out.outputs[0].spec_decode_metrics is None for out in without)
+
+
+def speculators_copy(draft: Path, target: Path, out: Path) -> Path:
+    """The draft in the speculators format, as published EAGLE-3 heads are: config.json
+    converted by eagle3_format.to_speculators, tensors named ``layers.0.*``."""
+    from safetensors.torch import load_file, save_file
+
+    from dynamo_spec.eagle3_format import to_speculators
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((draft / "config.json").read_text())
+    target_cfg = json.loads((target / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(to_speculators(
+        cfg, verifier=str(target), verifier_architectures=target_cfg["architectures"], num_speculative_tokens=K)))
+    tensors = load_file(str(draft / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def test_speculators_format_draft_serves_the_same(fixtures: dict[str, Path], partial_out: list[Any],
+                                                  tmp_path: Path) -> None:
+    """vLLM loads the speculators-format copy and accepts exactly as with ours."""
+    draft = speculators_copy(fixtures["partial_draft"], fixtures["fixed_target"], tmp_path / "spec-draft")
+    outputs = generate(fixtures["fixed_target"], draft)
+    assert token_ids(outputs) == token_ids(partial_out)
+    assert spec_metrics(outputs) == spec_metrics(partial_out)

@@ -18,6 +18,8 @@ def test_gpu_default_mirrors_the_dynamo_guide(repo_root):
         "served_model_name": ["meta-llama/Meta-Llama-3.1-8B-Instruct"],
         "dtype": "auto",
         "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "data_parallel_size": 1,
         "gpu_memory_utilization": 0.8,
         "enforce_eager": True,
         "seed": 0,
@@ -39,6 +41,8 @@ def test_cpu_default(repo_root):
         "dtype": "auto",  # resolved per host at start-up (tests/unit/test_host.py)
         "max_model_len": 2048,
         "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "data_parallel_size": 1,
         "gpu_memory_utilization": 0.9,
         "kv_cache_memory_bytes": 512 * 2**20,
         "enforce_eager": False,
@@ -47,7 +51,7 @@ def test_cpu_default(repo_root):
             "method": "eagle3",
             "model": str(repo_root / "models/smollm2-135m-instruct-eagle3"),
             "num_speculative_tokens": 3,
-            "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 5, 1], [6, 128, 0]],
+            "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 3], [3, 11, 2], [12, 128, 0]],
             "use_local_argmax_reduction": True,
         },
         "per_request_spec_decode_metrics": "summary",
@@ -79,7 +83,7 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     args = build_engine_args(settings)
     assert type(args).__name__ == "AsyncEngineArgs"
     assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 3,
-                                       "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 5, 1], [6, 128, 0]],
+                                       "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 3], [3, 11, 2], [12, 128, 0]],
                                        "use_local_argmax_reduction": True}
     assert args.dtype in ("bfloat16", "float32")  # auto, resolved for this host
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
@@ -90,6 +94,9 @@ def test_cpu_thread_binding_covers_all_cores_on_small_cpu_hosts_only():
 
     env: dict[str, str] = {}
     assert default_cpu_thread_binding(env, cpus={0, 1}, is_cpu=True) == "0,1"
+    two_ranks: dict[str, str] = {}
+    assert default_cpu_thread_binding(two_ranks, cpus={0, 1, 2, 3}, is_cpu=True, ranks=2) == "0,1|2,3"
+    assert default_cpu_thread_binding({}, cpus={0, 1}, is_cpu=True, ranks=4) is None
     assert env == {VAR: "0,1"}
     user = {VAR: "auto"}  # the user's choice is kept
     assert default_cpu_thread_binding(user, cpus={0, 1}, is_cpu=True) is None

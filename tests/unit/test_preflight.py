@@ -196,3 +196,66 @@ def test_schedule_entries_are_typed(pair, tmp_path):
     target, draft, _ = pair
     with pytest.raises(ConfigError, match=r"cli: speculative.num_speculative_tokens_per_batch_size.0.2: missing item"):
         check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", "[[1, 2]]")
+
+
+def test_parallel_layout_against_the_machine():
+    from dynamo_spec.preflight import check_parallel
+    from dynamo_spec.settings import Settings
+
+    def problems(engine: dict, spec: dict | None = None, on_cpu: bool = False, gpus: int | None = 4) -> list[str]:
+        settings = Settings(engine={"model": "m", **engine},
+                            speculative={"method": "eagle3", "model": "d", **(spec or {})})
+        return [str(p) for p in check_parallel(settings, on_cpu, gpus)]
+
+    assert problems({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == []
+    (too_many,) = problems({"tensor_parallel_size": 4, "data_parallel_size": 2})
+    assert too_many.startswith("error:") and "= 8 GPUs but this machine shows 4" in too_many
+    (ray,) = problems({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"})
+    assert ray.startswith("warning:") and "the Ray cluster must provide the rest" in ray
+    assert problems({"tensor_parallel_size": 2}, on_cpu=True, gpus=None) == []  # CPU ranks are processes
+    (draft,) = problems({"tensor_parallel_size": 2}, {"draft_tensor_parallel_size": 4})
+    assert "draft_tensor_parallel_size 4 exceeds engine.tensor_parallel_size 2" in draft
+    (schedule,) = problems({"data_parallel_size": 2}, {"num_speculative_tokens_per_batch_size": [[1, 256, 2]]})
+    assert schedule.startswith("warning:") and "ignored with engine.data_parallel_size > 1" in schedule
+
+
+def to_speculators_format(target: Path, draft: Path) -> None:
+    from dynamo_spec.eagle3_format import to_speculators
+
+    cfg = json.loads((draft / "config.json").read_text())
+    archs = json.loads((target / "config.json").read_text())["architectures"]
+    (draft / "config.json").write_text(json.dumps(to_speculators(cfg, verifier=str(target),
+                                                                 verifier_architectures=archs)))
+
+
+def test_speculators_format_draft_passes_and_a_mismatch_is_caught(pair):
+    from dynamo_spec.eagle3_format import vllm_view
+
+    target, draft, _ = pair
+    ours = json.loads((draft / "config.json").read_text())
+    to_speculators_format(target, draft)
+    converted = json.loads((draft / "config.json").read_text())
+    assert converted["speculators_model_type"] == "eagle3" and "transformer_layer_config" in converted
+    view = vllm_view(converted)  # what vLLM's speculators loader makes of it
+    for key in ("hidden_size", "vocab_size", "draft_vocab_size", "num_attention_heads", "intermediate_size"):
+        assert view[key] == ours[key], key
+    assert view["architectures"] == ["Eagle3LlamaForCausalLM"] and view["norm_before_residual"] is False
+    assert check(target, draft) == []
+
+    # A vocabulary mismatch inside transformer_layer_config is seen as with our format.
+    converted["transformer_layer_config"]["vocab_size"] += 1
+    (draft / "config.json").write_text(json.dumps(converted))
+    assert "vocabulary mismatch" in only_error(check(target, draft))
+
+    # A verifier of another architecture.
+    converted["transformer_layer_config"]["vocab_size"] -= 1
+    converted["speculators_config"]["verifier"]["architectures"] = ["Qwen3ForCausalLM"]
+    (draft / "config.json").write_text(json.dumps(converted))
+    assert "was trained for" in only_error(check(target, draft))
+
+
+def test_speculators_draft_of_another_kind(pair):
+    target, draft, edit = pair
+    to_speculators_format(target, draft)
+    edit(draft, speculators_model_type="dflash")
+    assert "speculators 'dflash' draft" in " ".join(check(target, draft))

@@ -275,3 +275,25 @@ def test_train_draft_errors_are_one_line(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("dynamo-spec train-draft: error: FileNotFoundError")
     assert not (tmp_path / "work").exists()
+
+
+def test_save_draft_in_the_speculators_format(tmp_path):
+    from dynamo_spec.eagle3_format import vllm_view
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({**TARGET, "architectures": ["LlamaForCausalLM"]}))
+    cfg = draft_config(TARGET, (1, 3, 4), 16)
+    draft = Eagle3Draft(cfg)
+    save_draft(draft, cfg, tmp_path / "vllm")
+    save_draft(draft, cfg, tmp_path / "spec", draft_format="speculators", target=target)
+    spec = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert spec["speculators_config"]["verifier"] == {"name_or_path": str(target), "architectures": ["LlamaForCausalLM"]}
+    view = vllm_view(spec)
+    for key, value in cfg.items():
+        if key not in ("architectures", "eagle_config"):
+            assert view[key] == value, key
+    assert view["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert (tmp_path / "spec" / "model.safetensors").read_bytes() == (tmp_path / "vllm" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="verifier"):
+        save_draft(draft, cfg, tmp_path / "x", draft_format="speculators")

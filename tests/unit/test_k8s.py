@@ -1,0 +1,120 @@
+"""deploy/k8s: rendered with kustomize, validated against the Kubernetes schemas offline,
+consistent with the server's settings and with the files they are generated from."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+OVERLAYS = ["cpu", "gpu", "multinode-ray"]
+K8S_VERSION = "1.32.0"
+CRD_KINDS = {"LeaderWorkerSet", "ServiceMonitor", "PrometheusRule"}  # no schema offline: checked below
+
+
+def render(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl not found: tests/run.sh installs it (apt kubernetes-client) or the image has it")
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: render(K8S / "overlays" / name) for name in OVERLAYS} | {"monitoring": render(K8S / "monitoring")}
+
+
+def test_generated_files_are_current():
+    result = subprocess.run([sys.executable, str(K8S / "generate.py"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_prometheus_rule_is_alerts_yml(rendered):
+    (rule,) = [d for d in rendered["monitoring"] if d["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == yaml.safe_load((REPO / "deploy/prometheus/alerts.yml").read_text())["groups"]
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "monitoring"])
+def test_manifests_validate_against_kubernetes_schemas(rendered, name):
+    import kubernetes_validate
+
+    for doc in rendered[name]:
+        if doc["kind"] in CRD_KINDS:
+            assert doc["apiVersion"].split("/")[0] in ("leaderworkerset.x-k8s.io", "monitoring.coreos.com")
+            assert doc["metadata"]["name"] and doc["spec"]
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _server_pod(docs: list[dict]) -> dict:
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            return doc["spec"]["template"]
+        if doc["kind"] == "LeaderWorkerSet":
+            return doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    raise AssertionError("no server pod")
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_probes_ports_and_grace_match_the_server(rendered, name, tmp_path):
+    from dynamo_spec.config_loader import load_settings
+
+    docs = rendered[name]
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    path = tmp_path / "config.yaml"
+    path.write_text(config_map["data"]["config.yaml"])
+    container = _server_pod(docs)["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    settings = load_settings(path, [], {k: v for k, v in env.items() if k.startswith("DYNAMO_SPEC_")}).settings
+    assert settings.server.host == "0.0.0.0"  # reachable from the kubelet and the Service
+    (port,) = container["ports"]
+    assert port["containerPort"] == settings.server.port
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/live"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] in (port["name"], port["containerPort"])
+    pod = _server_pod(docs)["spec"]
+    pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])
+    assert pod["terminationGracePeriodSeconds"] >= settings.server.shutdown_grace_seconds + int(pre_stop[-1]) + 5
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm" and mounts["config"] == "/etc/dynamo-spec"
+    assert "--config /etc/dynamo-spec/config.yaml" in " ".join(container.get("args", []))
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    labels = _server_pod(docs)["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    assert service["spec"]["ports"][0]["targetPort"] == port["name"]
+
+
+def test_gpu_overlays_ask_for_gpus_and_the_token(rendered):
+    for name in ("gpu", "multinode-ray"):
+        container = _server_pod(rendered[name])["spec"]["containers"][0]
+        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+        assert any(e["name"] == "HF_TOKEN" and e["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+                   for e in container["env"])
+    cpu = _server_pod(rendered["cpu"])["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in str(cpu.get("resources"))
+
+
+def test_multinode_overlay_uses_ray_and_its_config_map(rendered):
+    docs = rendered["multinode-ray"]
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["engine"]["distributed_executor_backend"] == "ray"
+    (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    gpus = int(template["leaderTemplate"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    assert gpus * template["size"] == config["engine"]["tensor_parallel_size"] * config["engine"]["pipeline_parallel_size"]
+    volumes = {v["name"]: v for v in template["leaderTemplate"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]  # the hashed name
+    assert not [d for d in docs if d["kind"] == "Deployment"]
