@@ -16,14 +16,13 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynamo_spec.admission import AdmissionMiddleware, openai_error
-from dynamo_spec.engine import MeteredEngineClient
 from dynamo_spec.engine_args import vllm_serving_args
 from dynamo_spec.lifecycle import Lifecycle, Phase
-from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
+from dynamo_spec.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
+from dynamo_spec.metrics import DynamoSpecMetrics
 from dynamo_spec.settings import Settings
 
 logger = logging.getLogger("dynamo_spec.app")
@@ -114,7 +113,7 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
     app.state.engine = engine
     app.state.background += [
         asyncio.create_task(_watchdog(engine, on_engine_dead)),
-        asyncio.create_task(_log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
+        asyncio.create_task(log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
     ]
     app.state.lifecycle.set_phase(Phase.READY)
 
@@ -129,57 +128,6 @@ async def _watchdog(engine: Any, on_engine_dead: Callable[[], None]) -> None:
             logger.error("The engine died; shutting the server down.")
             on_engine_dead()
             return
-
-
-async def _log_stats(engine: Any, metrics: DynamoSpecMetrics | None, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        await engine.do_log_stats()
-        if metrics is not None:
-            metrics.log_window()
-
-
-def _route_of(app: Any, scope: Scope) -> str:
-    for route in app.router.routes:
-        match, _ = route.matches(scope)
-        if match == Match.FULL:
-            return route.path
-    return "unmatched"
-
-
-class HTTPMetricsMiddleware:
-    """Counts requests by route template and status; sets the request's tenant."""
-
-    def __init__(self, app: ASGIApp, metrics: DynamoSpecMetrics, tenant_header: str | None):
-        self.app = app
-        self.metrics = metrics
-        self.tenant_header = tenant_header.lower().encode() if tenant_header else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = _route_of(scope["app"], scope)
-        tenant = None
-        if self.tenant_header:
-            tenant = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.tenant_header), None)
-        token = current_tenant.set(self.metrics.tenants.label(tenant))
-        status = 500
-        in_flight = self.metrics.http_in_flight.labels(route)
-
-        async def send_wrapper(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        in_flight.inc()
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            in_flight.dec()
-            self.metrics.observe_http(route, scope["method"], status)
-            current_tenant.reset(token)
 
 
 class ApiKeyMiddleware:

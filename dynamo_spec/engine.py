@@ -1,4 +1,4 @@
-"""The vLLM engine as an async context manager, and the per-request metering."""
+"""The vLLM engine as an async context manager."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine_args import build_engine_args
 from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
-from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
 from dynamo_spec.settings import Settings
 
 logger = logging.getLogger("dynamo_spec.engine")
@@ -72,50 +70,3 @@ def stop_loading(grace: float = 5.0) -> int:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
     return len(children)
-
-
-class MeteredEngineClient:
-    """Delegates to the engine; meters each request's latency, tokens and acceptance.
-
-    vLLM's OpenAI serving layer calls `generate` for every completion and chat
-    request; everything else passes straight through.
-    """
-
-    def __init__(self, engine: Any, metrics: DynamoSpecMetrics):
-        self._engine = engine
-        self._metrics = metrics
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        tenant = current_tenant.get()
-        start = time.monotonic()
-        first_at: float | None = None
-        async for output in self._engine.generate(*args, **kwargs):
-            if first_at is None and any(o.token_ids for o in output.outputs):
-                first_at = time.monotonic()
-            if output.finished:
-                self._observe(output, tenant, start, first_at)
-            yield output
-
-    def _observe(self, output: Any, tenant: str, start: float, first_at: float | None) -> None:
-        now = time.monotonic()
-        stats = output.metrics  # RequestStateStats, engine-side timestamps (None if stats are off)
-        completion_tokens = stats.num_generation_tokens if stats else sum(len(o.token_ids) for o in output.outputs)
-        ttft = stats.first_token_latency if stats and stats.first_token_latency else None
-        if ttft is None and first_at is not None:
-            ttft = first_at - start
-        itl = None
-        if stats and stats.num_generation_tokens > 1 and stats.last_token_ts > stats.first_token_ts:
-            itl = (stats.last_token_ts - stats.first_token_ts) / (stats.num_generation_tokens - 1)
-        spec = [o.spec_decode_metrics.to_dict() for o in output.outputs if getattr(o, "spec_decode_metrics", None)]
-        self._metrics.observe_request(
-            tenant,
-            prompt_tokens=len(output.prompt_token_ids or ()),
-            completion_tokens=completion_tokens,
-            e2e_seconds=now - start,
-            ttft_seconds=ttft,
-            itl_seconds=itl,
-            spec=spec,
-        )

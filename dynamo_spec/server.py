@@ -19,11 +19,10 @@ from types import FrameType
 import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from dynamo_spec import __version__
 from dynamo_spec.app import attach_engine, create_app
 from dynamo_spec.engine import open_engine, stop_loading
 from dynamo_spec.lifecycle import Lifecycle, Phase
-from dynamo_spec.metrics import DynamoSpecMetrics
+from dynamo_spec.metering import build_metrics
 from dynamo_spec.settings import Settings
 
 logger = logging.getLogger("dynamo_spec.server")
@@ -31,20 +30,6 @@ logger = logging.getLogger("dynamo_spec.server")
 # After the drain, uvicorn closes what is left; requests still running then are cancelled
 # (and so aborted in the engine) after this many seconds.
 CLOSE_SECONDS = 1.0
-
-
-def build_metrics(settings: Settings, registry: CollectorRegistry) -> DynamoSpecMetrics:
-    spec = settings.speculative
-    return DynamoSpecMetrics(
-        registry,
-        model=settings.served_model_name,
-        draft_model=(spec.model or "") if spec.enabled else "",
-        method=spec.method if spec.enabled else "none",
-        num_speculative_tokens=spec.num_speculative_tokens if spec.enabled else 0,
-        version=__version__,
-        window_seconds=settings.metrics.window_seconds,
-        max_tenants=settings.metrics.max_tenants,
-    )
 
 
 def is_loopback(host: str) -> bool:
