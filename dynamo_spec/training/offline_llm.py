@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ..engine_args import engine_kwargs
-from ..settings import Settings
+from ..settings import EngineSettings, Settings
 
 
 @contextlib.contextmanager
@@ -44,11 +44,15 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down.
 
     Its arguments come from a ``Settings`` through ``engine_args.engine_kwargs``, as the
-    server's do; ``extra`` is ``engine.extra``."""
+    server's do; ``extra``: other engine settings (typed fields) or ``engine.extra`` fields."""
+    engine = {"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
+              "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": 0,
+              "per_request_spec_decode_metrics": "none"}
+    typed = set(EngineSettings.model_fields) - {"extra"}
+    engine.update({k: v for k, v in extra.items() if k in typed})  # e.g. per_request_spec_decode_metrics
+    engine["extra"] = {k: v for k, v in extra.items() if k not in typed}
     settings = Settings(
-        engine={"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
-                "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": 0,
-                "per_request_spec_decode_metrics": "none", "extra": extra},
+        engine=engine,
         speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k} if draft is not None
         else {"enabled": False},
     )
