@@ -89,7 +89,36 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         problems += check_schedule(spec.num_speculative_tokens_per_batch_size, spec.num_speculative_tokens,
                                    max_num_seqs, where)
     problems += check_parallel(settings, on_cpu, None if on_cpu else _gpu_count())
+    problems += check_heads_split(settings, target, draft)
     problems += _check_memory(settings, target, draft, on_cpu)
+    return problems
+
+
+VOCAB_PADDING = 64  # vLLM pads a vocabulary to a multiple of this before splitting it over ranks
+
+
+def check_heads_split(settings: Settings, target: Checkpoint | None, draft: Checkpoint | None) -> list[Problem]:
+    """vLLM splits attention heads and the (padded) vocabulary over the tensor-parallel ranks:
+    both must divide evenly, for the target and for the draft. vLLM 0.32 split the draft over
+    the target's ranks even with speculative.draft_tensor_parallel_size: 1 (tried on CPU: the
+    CPU default at TP 3 failed on the draft's vocabulary either way), so the draft is checked
+    against engine.tensor_parallel_size."""
+    tp = settings.engine.tensor_parallel_size
+    if tp == 1:
+        return []
+    problems: list[Problem] = []
+    for checkpoint in (target, draft if settings.speculative.enabled else None):
+        if checkpoint is None:
+            continue
+        cfg = _text_config(checkpoint.config)
+        heads = cfg.get("num_attention_heads")
+        vocab = cfg.get("draft_vocab_size") or cfg.get("vocab_size")
+        padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING if vocab else None
+        for what, n in (("attention heads", heads), ("vocabulary rows (padded to a multiple of 64)", padded)):
+            if n and n % tp:
+                problems.append(Problem("error", f"engine.tensor_parallel_size {tp}: {checkpoint.ref} has {n} {what}, "
+                                                 f"which {tp} ranks cannot split evenly (vLLM fails while loading); "
+                                                 "use a size that divides it"))
     return problems
 
 

@@ -259,3 +259,16 @@ def test_speculators_draft_of_another_kind(pair):
     to_speculators_format(target, draft)
     edit(draft, speculators_model_type="dflash")
     assert "speculators 'dflash' draft" in " ".join(check(target, draft))
+
+
+def test_tensor_parallel_must_split_the_heads(pair):
+    target, draft, edit = pair
+    edit(target, num_attention_heads=9)
+    edit(draft, num_attention_heads=9)
+    problems = check(target, draft, "--engine.tensor_parallel_size", "2")
+    assert any("engine.tensor_parallel_size 2" in p and "9 attention heads" in p for p in problems), problems
+    # Heads split; the target's 576 rows split; the draft's 100 rows pad to 128, which 3 do not.
+    edit(target, num_attention_heads=6, vocab_size=576)
+    edit(draft, num_attention_heads=6, vocab_size=576, draft_vocab_size=100)
+    problems = [p for p in check(target, draft, "--engine.tensor_parallel_size", "3") if "split evenly" in p]
+    assert len(problems) == 1 and "128 vocabulary rows" in problems[0] and str(draft) in problems[0], problems
