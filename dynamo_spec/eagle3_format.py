@@ -58,9 +58,29 @@ def draft_config(target_cfg: dict[str, Any], aux_layer_ids: Iterable[int], draft
     return cfg
 
 
-def aux_ids_of(cfg: dict[str, Any]) -> list[int]:
+def _written_aux_ids(cfg: dict[str, Any]) -> tuple[list[int], str] | None:
     eagle = cfg.get("eagle_config") or {}
-    return list(cfg.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids") or [])
+    for ids, where in ((cfg.get("eagle_aux_hidden_state_layer_ids"), "the draft's config.json"),
+                       (eagle.get("eagle_aux_hidden_state_layer_ids"), "the draft's config.json (eagle_config)")):
+        if ids:
+            return list(ids), where
+    return None
+
+
+def aux_layer_ids(cfg: dict[str, Any], num_target_layers: int) -> tuple[list[int], str]:
+    """The aux layer ids vLLM will use for this draft config, and where they come from
+    (the config, else vLLM's default for the target's depth)."""
+    written = _written_aux_ids(cfg)
+    if written:
+        return written
+    n = num_target_layers
+    return [2, n // 2, n - 3], f"vLLM's default (2, L//2, L-3) for L={n}"
+
+
+def aux_ids_of(cfg: dict[str, Any]) -> list[int]:
+    """The aux layer ids a draft config names ([] when it leaves them to vLLM's default)."""
+    written = _written_aux_ids(cfg)
+    return written[0] if written else []
 
 
 def tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:

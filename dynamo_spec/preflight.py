@@ -89,7 +89,7 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         problems += check_schedule(spec.num_speculative_tokens_per_batch_size, spec.num_speculative_tokens,
                                    max_num_seqs, where)
     problems += check_parallel(settings, on_cpu, None if on_cpu else _gpu_count())
-    problems += check_heads_split(settings, target, draft)
+    problems += check_tp_split(settings, target, draft)
     problems += _check_memory(settings, target, draft, on_cpu)
     return problems
 
@@ -97,7 +97,7 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
 VOCAB_PADDING = 64  # vLLM pads a vocabulary to a multiple of this before splitting it over ranks
 
 
-def check_heads_split(settings: Settings, target: Checkpoint | None, draft: Checkpoint | None) -> list[Problem]:
+def check_tp_split(settings: Settings, target: Checkpoint | None, draft: Checkpoint | None) -> list[Problem]:
     """vLLM splits attention heads and the (padded) vocabulary over the tensor-parallel ranks:
     both must divide evenly, for the target and for the draft. vLLM 0.32 split the draft over
     the target's ranks even with speculative.draft_tensor_parallel_size: 1 (tried on CPU: the
@@ -273,7 +273,6 @@ def is_eagle3_checkpoint(config: dict[str, Any]) -> bool:
     eagle_config = config.get("eagle_config") or {}
     return bool(
         archs & EAGLE3_ARCHS
-        or config.get("speculators_model_type") == "eagle3"
         or "draft_vocab_size" in config
         or "eagle_aux_hidden_state_layer_ids" in eagle_config
     )
@@ -306,19 +305,6 @@ def _check_speculators(draft: Checkpoint, target: Checkpoint | None, method: str
                                          f"({', '.join(sorted(wanted))}) but the target is {', '.join(sorted(have))}; "
                                          "use a draft trained for this target"))
     return problems
-
-
-def aux_layer_ids(draft_config: dict[str, Any], num_target_layers: int) -> tuple[list[int], str]:
-    """The aux layer ids vLLM will use, and where they come from."""
-    eagle_config = draft_config.get("eagle_config") or {}
-    for ids, where in (
-        (draft_config.get("eagle_aux_hidden_state_layer_ids"), "the draft's config.json"),
-        (eagle_config.get("eagle_aux_hidden_state_layer_ids"), "the draft's config.json (eagle_config)"),
-    ):
-        if ids:
-            return list(ids), where
-    n = num_target_layers
-    return [2, n // 2, n - 3], f"vLLM's default (2, L//2, L-3) for L={n}"
 
 
 def _check_pairing(
@@ -358,7 +344,7 @@ def _check_aux_layers(
     n_layers = _text_config(target.config).get("num_hidden_layers")
     if not n_layers:
         return []
-    ids, where = aux_layer_ids(draft.config, n_layers)
+    ids, where = eagle3_format.aux_layer_ids(draft.config, n_layers)
     problems: list[Problem] = []
     if expected is not None and list(expected) != ids:
         problems.append(Problem("error", f"speculative.aux_hidden_state_layer_ids is {expected} but vLLM will use {ids} from "
