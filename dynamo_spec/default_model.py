@@ -30,6 +30,11 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 EOS_TOKEN = "<|im_end|>"
 DEFAULT_ROPE_THETA = 100000.0  # SmolLM2-135M's rope base; the GGUF also records it
 MARKER = ".dynamo_spec_complete"
+# The sampling the model's authors recommend (the "How to use" example of the
+# HuggingFaceTB/SmolLM2-135M-Instruct model card: temperature=0.2, top_p=0.9, do_sample=True;
+# the upstream generation_config.json carries none). Written into the converted model's
+# generation_config.json, which vLLM applies to requests that set no sampling of their own.
+SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 
 
 def _is_complete(path: Path) -> bool:
@@ -106,7 +111,21 @@ def _fix_config(model, tokenizer) -> None:
     gen.eos_token_id = eos_id
     gen.bos_token_id = cfg.bos_token_id
     gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    gen.do_sample = False
+    for key, value in SAMPLING_DEFAULTS.items():
+        setattr(gen, key, value)
+
+
+def ensure_sampling_defaults(model_dir: Path) -> bool:
+    """Bring ``generation_config.json`` of a converted model to :data:`SAMPLING_DEFAULTS`
+    (models converted before they existed); True when the file changed."""
+    path = Path(model_dir) / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    if all(config.get(key) == value for key, value in SAMPLING_DEFAULTS.items()):
+        return False
+    config.update(SAMPLING_DEFAULTS)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    logger.info("%s: sampling defaults %s", path, SAMPLING_DEFAULTS)
+    return True
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -134,6 +153,7 @@ def prepare_default_model(cache_dir: Path) -> Path:
     cache_dir = Path(cache_dir)
     final = cache_dir / MODEL_NAME
     if _is_complete(final):
+        ensure_sampling_defaults(final)
         logger.info("default model ready at %s", final)
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)

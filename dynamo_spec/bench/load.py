@@ -51,15 +51,18 @@ class CellResult:
         return sum(r.completion_tokens for r in self.completed)
 
 
-def request_body(item: dict[str, Any], model: str, max_tokens: int, temperature: float) -> dict[str, Any]:
-    return {
+def request_body(item: dict[str, Any], model: str, max_tokens: int, temperature: float | None) -> dict[str, Any]:
+    """A streaming chat request; ``temperature`` None sends none (the model's defaults apply)."""
+    body = {
         "model": model,
         "messages": item["messages"],
         "max_tokens": max_tokens,
-        "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if temperature is not None:
+        body["temperature"] = temperature
+    return body
 
 
 async def _one(client: Any, body: dict[str, Any], timeout: float) -> RequestResult:
@@ -85,7 +88,7 @@ async def _one(client: Any, body: dict[str, Any], timeout: float) -> RequestResu
 
 
 async def run_cell(base_url: str, model: str, items: Sequence[dict[str, Any]], *, concurrency: int, requests: int,
-                   max_tokens: int, temperature: float, api_key: str = "unused", timeout: float = 600,
+                   max_tokens: int, temperature: float | None, api_key: str = "unused", timeout: float = 600,
                    on_done: Callable[[], None] | None = None) -> CellResult:
     """`requests` streaming chat requests (cycling over `items`), at most `concurrency` in flight."""
     import httpx

@@ -185,7 +185,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"vLLM {host['vllm']}; LD_PRELOAD {host['ld_preload'] or 'none'}; {result['started']}.",
         f"Load: streaming chat completions via the official openai client, max_tokens "
         f"{result['settings']['max_tokens']}, temperature {result['settings']['temperature']}, requests per cell "
-        f"max({result['settings']['requests']}, 2 x concurrency).",
+        f"max({result['settings']['requests']}, {result['settings'].get('per_client', 2)} x concurrency).",
         "",
         "## Output tokens/s (speed-up against k=0), judge prompts",
         "",

@@ -44,8 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent clients (default: %(default)s)")
     p.add_argument("--prompts", action="append", type=Path,
                    help="JSONL prompt file (repeatable; default: the shipped chat, code and summarize sets)")
-    p.add_argument("--requests", type=int, default=8, help="requests per cell, at least 2 x concurrency "
+    p.add_argument("--requests", type=int, default=8, help="requests per cell, at least --per-client x concurrency "
                                                            "(default: %(default)s)")
+    p.add_argument("--per-client", type=int, default=4,
+                   help="requests each client sends in a cell, at least: the longer a cell, the less its ramp-up "
+                        "and drain (batches below the concurrency) weigh (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: %(default)s)")
     p.add_argument("--margin", type=float, default=0.03,
@@ -110,9 +113,13 @@ def _engine_ld_preload(preload: bool) -> str:
     return env["LD_PRELOAD"]
 
 
+def cell_requests(args: argparse.Namespace, c: int) -> int:
+    return max(args.requests, args.per_client * c)
+
+
 async def _measure(url: str, model: str, items: list[dict], c: int, args: argparse.Namespace, bar: tqdm) -> dict:
     before = read_spec_counters(url)
-    cell = await run_cell(url, model, items, concurrency=c, requests=max(args.requests, 2 * c),
+    cell = await run_cell(url, model, items, concurrency=c, requests=cell_requests(args, c),
                           max_tokens=args.max_tokens, temperature=args.temperature, on_done=lambda: bar.update(1))
     return report.summarize_cell(cell, report.spec_delta(before, read_spec_counters(url)))
 
@@ -193,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_url(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
     items = [item for items in sets.values() for item in items]
     model = requests.get(args.url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
-    total = sum(max(args.requests, 2 * c) for c in concurrencies)
+    total = sum(cell_requests(args, c) for c in concurrencies)
     cells = {}
     with tqdm(total=total, desc=args.url, unit="req") as bar:
         for c in concurrencies:
@@ -226,7 +233,7 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     splits_fixed = {"derive": derive, "judge": judge}
     max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if host.on_cpu else "gpu"]
     plan = [(f"k={k}", k) for k in ks] + [(report.SCHEDULE, None), (report.REPEAT, 0)]
-    per_split = sum(max(args.requests, 2 * c) for c in concurrencies)
+    per_split = sum(cell_requests(args, c) for c in concurrencies)
     total = per_split * (2 * len(ks) + 2)
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -234,7 +241,8 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
         else shlex.join(sys.argv),
         "settings": {"config": str(config), "overrides": args.overrides, "model": model,
                      "draft": _relative(settings.speculative.model), "method": settings.speculative.method, "ks": ks,
-                     "concurrency": concurrencies, "requests": args.requests, "max_tokens": args.max_tokens,
+                     "concurrency": concurrencies, "requests": args.requests,
+                     "per_client": args.per_client, "max_tokens": args.max_tokens,
                      "temperature": args.temperature, "prompt_sets": {n: len(v) for n, v in sets.items()},
                      "derive_prompts": len(derive), "judge_prompts": len(judge)},
         "host": host_info(resolve_dtype(settings.engine.dtype, host)[0], settings.engine.cpu_preload),

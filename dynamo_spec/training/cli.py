@@ -11,6 +11,9 @@ from pathlib import Path
 
 from ..logs import setup_logging
 
+# Everyday instruction requests written for evaluation only (never trained on), by category.
+EVERYDAY_EVAL = Path(__file__).with_name("everyday_eval.jsonl")
+
 
 def _layers(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.replace(",", " ").split())
@@ -18,6 +21,10 @@ def _layers(text: str) -> tuple[int, ...]:
 
 def _ks(text: str) -> list[int]:
     return [int(x) for x in text.replace(",", " ").split()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.replace(",", " ").split()]
 
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
@@ -60,17 +67,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=_train_draft)
 
     e = subparsers.add_parser("eval-draft", help="acceptance and speed of a draft on held-out "
-                              "prompts (vLLM, greedy)")
+                              "prompts (vLLM)")
     e.add_argument("--target", type=Path, required=True)
     e.add_argument("--draft", type=Path, required=True)
-    e.add_argument("--prompts", type=Path, default=Path(".cache/train/prompts.jsonl"),
-                   help="prompt file from train-draft; its 'eval' split is used")
+    e.add_argument("--prompts", type=Path, default=EVERYDAY_EVAL,
+                   help="rows with 'source', 'split' and 'messages'; the 'eval' split is used "
+                   "(default: the shipped everyday-instruction set; train-draft's own held-out "
+                   "split: .cache/train/prompts.jsonl)")
     e.add_argument("--n", type=int, default=100, help="held-out prompts for acceptance")
     e.add_argument("--k", type=_ks, default=[1, 2, 3, 4, 5],
                    help="k values for acceptance, e.g. '1,2,3,4,5' ('' for speed only)")
     e.add_argument("--speed-k", type=int, default=3, help="k for the tokens/s comparison")
     e.add_argument("--speed-prompts", type=int, default=8)
     e.add_argument("--speed-runs", type=int, default=3, help="0 skips the speed test")
+    e.add_argument("--temperatures", type=_floats, default=[0.0],
+                   help="sampling temperatures for acceptance, e.g. '0,0.7' (0: greedy)")
     e.add_argument("--max-tokens", type=int, default=128, help="new tokens (acceptance)")
     e.add_argument("--speed-max-tokens", type=int, default=64, help="new tokens (speed)")
     e.add_argument("--json", type=Path, help="also write the results here")
@@ -117,7 +128,8 @@ def _eval_draft(args: argparse.Namespace) -> int:
     result = evaluate_draft(args.target, args.draft, args.prompts, n=args.n, ks=args.k,
                             speed_k=args.speed_k, speed_prompts=args.speed_prompts,
                             speed_runs=args.speed_runs, max_tokens=args.max_tokens,
-                            speed_max_tokens=args.speed_max_tokens)
+                            speed_max_tokens=args.speed_max_tokens,
+                            temperatures=args.temperatures)
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

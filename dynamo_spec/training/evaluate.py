@@ -1,6 +1,7 @@
 """``eval-draft``: acceptance and speed of an EAGLE-3 draft on held-out prompts.
 
-Acceptance (greedy, one engine per k): mean acceptance length (1 + accepted / drafts,
+Acceptance (one engine per k; greedy, or sampled at each of ``temperatures`` with a seed
+per prompt): mean acceptance length (1 + accepted / drafts,
 counting the bonus token, as vLLM defines it), acceptance rate (accepted / drafted)
 and per-position acceptance (drafts whose first i + 1 tokens were accepted / drafts),
 from vLLM's per-request speculative metrics summed over the prompts.
@@ -50,11 +51,13 @@ def acceptance(outputs, k: int) -> dict:
             "per_position": per_pos, "drafts": steps, "histogram": hist}
 
 
-def _generate(llm, prompt_ids, max_tokens):
+def _generate(llm, prompt_ids, max_tokens, temperature: float = 0.0):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    # Sampled runs are seeded per prompt, so a draft and its successor see the same draws.
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                             seed=i if temperature > 0 else None) for i in range(len(prompt_ids))]
     return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                         use_tqdm=False)
 
@@ -78,25 +81,27 @@ def speed(llm, prompt_ids, max_tokens: int, runs: int) -> dict:
 def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 100,
                    ks=(1, 2, 3, 4, 5), speed_k: int = 3, speed_prompts: int = 8,
                    speed_runs: int = 3, max_tokens: int = 128,
-                   speed_max_tokens: int = 64) -> dict:
-    """Acceptance for each k in ``ks`` (all ``n`` prompts in one batch), then, when
-    ``speed_runs`` > 0, tokens/s without speculation and with k = ``speed_k``."""
+                   speed_max_tokens: int = 64, temperatures=(0.0,)) -> dict:
+    """Acceptance for each k in ``ks`` and each of ``temperatures`` (all ``n`` prompts in
+    one batch), then, when ``speed_runs`` > 0, tokens/s (greedy) without speculation and
+    with k = ``speed_k``."""
     sources, prompts = held_out_prompts(target, prompts_path, n)
     result: dict = {"n_prompts": len(prompts), "max_tokens": max_tokens, "acceptance": []}
     for k in ks:
         with offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
                          per_request_spec_decode_metrics="summary") as llm:
-            t0 = time.monotonic()
-            outputs = _generate(llm, prompts, max_tokens)
-            acc = acceptance(outputs, k)
-            acc["per_source"] = {}
-            for src in sorted(set(sources)):
-                part = acceptance([o for o, s in zip(outputs, sources) if s == src], k)
-                acc["per_source"][src] = {"n": sources.count(src), **{
-                    key: part[key] for key in ("mean_acceptance_length", "per_position")}}
-            acc["seconds"] = round(time.monotonic() - t0, 1)
-            result["acceptance"].append(acc)
-            logger.info("k=%d: %s", k, acc)
+            for temperature in temperatures:
+                t0 = time.monotonic()
+                outputs = _generate(llm, prompts, max_tokens, temperature)
+                acc = {"temperature": temperature, **acceptance(outputs, k)}
+                acc["per_source"] = {}
+                for src in sorted(set(sources)):
+                    part = acceptance([o for o, s in zip(outputs, sources) if s == src], k)
+                    acc["per_source"][src] = {"n": sources.count(src), **{
+                        key: part[key] for key in ("mean_acceptance_length", "per_position")}}
+                acc["seconds"] = round(time.monotonic() - t0, 1)
+                result["acceptance"].append(acc)
+                logger.info("k=%d T=%g: %s", k, temperature, acc)
     if speed_runs:
         fast = prompts[:speed_prompts]
         result["speed_max_tokens"] = speed_max_tokens
@@ -109,19 +114,19 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
 
 
 def format_report(result: dict) -> str:
-    lines = [(f"held-out prompts: {result['n_prompts']}, greedy, max_tokens "
-              f"{result['max_tokens']}"), "",
-             "| k | mean acceptance length | acceptance rate | per position |",
-             "|---|---|---|---|"]
+    lines = [(f"held-out prompts: {result['n_prompts']}, max_tokens {result['max_tokens']} "
+              "(temperature 0: greedy; above 0: sampled, seeded per prompt)"), "",
+             "| k | temperature | mean acceptance length | acceptance rate | per position |",
+             "|---|---|---|---|---|"]
     for a in result["acceptance"]:
         pos = " / ".join(f"{p:.2f}" for p in a["per_position"])
-        lines.append(f"| {a['k']} | {a['mean_acceptance_length']:.2f} | "
-                     f"{a['acceptance_rate']:.2f} | {pos} |")
-    ks = [a["k"] for a in result["acceptance"]]
-    if ks:
+        lines.append(f"| {a['k']} | {a.get('temperature', 0.0):g} | "
+                     f"{a['mean_acceptance_length']:.2f} | {a['acceptance_rate']:.2f} | {pos} |")
+    cols = [f"k={a['k']} T={a.get('temperature', 0.0):g}" for a in result["acceptance"]]
+    if cols:
         lines += ["", "mean acceptance length per source:", "",
-                  "| source | prompts | " + " | ".join(f"k={k}" for k in ks) + " |",
-                  "|---|---|" + "---|" * len(ks)]
+                  "| source | prompts | " + " | ".join(cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
         for src, first in result["acceptance"][0]["per_source"].items():
             lens = [a["per_source"][src]["mean_acceptance_length"] for a in result["acceptance"]]
             lines.append(f"| {src} | {first['n']} | " + " | ".join(f"{x:.2f}" for x in lens)

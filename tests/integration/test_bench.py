@@ -30,7 +30,7 @@ def bench(tiny_models, tmp_path_factory):
     out = work / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "dynamo_spec", "bench", "--config", str(config_path), "--k", ",".join(map(str, KS)),
-         "--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", "4", "--max-tokens", "12",
+         "--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", "4", "--per-client", "2", "--max-tokens", "12",
          "--prompts", str(prompts), "--out", str(out)],
         capture_output=True, text=True, timeout=900,
     )

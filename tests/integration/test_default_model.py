@@ -174,3 +174,16 @@ def test_k8s_cpu_overlay_config_passes_preflight(default_model: Path, repo_root:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "preflight: ok" in result.stdout
+
+
+def test_sampling_defaults_reach_vllm(default_model: Path, vllm_env):
+    """The model card's sampling is in generation_config.json, and vLLM reads it as the
+    default of requests that set no sampling (the README's curl)."""
+    from vllm.config import ModelConfig
+
+    from dynamo_spec.default_model import SAMPLING_DEFAULTS
+
+    gen = json.loads((default_model / "generation_config.json").read_text())
+    assert {k: gen[k] for k in SAMPLING_DEFAULTS} == SAMPLING_DEFAULTS
+    diff = ModelConfig(model=str(default_model)).get_diff_sampling_param()
+    assert diff["temperature"] == pytest.approx(0.2) and diff["top_p"] == pytest.approx(0.9)

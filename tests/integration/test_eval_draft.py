@@ -26,14 +26,15 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
         [sys.executable, "-m", "dynamo_spec", "eval-draft",
          "--target", str(tiny_models["fixed_target"]),
          "--draft", str(tiny_models["always_draft"]), "--prompts", str(prompts),
-         "--k", "1,3", "--max-tokens", "33", "--speed-prompts", "2", "--speed-runs", "1",
+         "--k", "1,3", "--temperatures", "0,0.8", "--max-tokens", "33", "--speed-prompts", "2", "--speed-runs", "1",
          "--speed-max-tokens", "16", "--json", str(out)],
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["n_prompts"] == 3  # the eval split only
-    by_k = {a["k"]: a for a in report["acceptance"]}
+    by_k = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0}
+    sampled = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0.8}
     # always accepted: every draft step yields k + 1 tokens; 33 tokens = 1 from the
     # prefill + 32 from speculative steps (a whole number of steps for k = 1 and 3)
     for k in (1, 3):
@@ -45,7 +46,15 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
         assert {s: v["n"] for s, v in per_source.items()} == {"a": 1, "b": 2}
         assert all(v["mean_acceptance_length"] == pytest.approx(k + 1)
                    for v in per_source.values())
+    # Sampled: every target logit is 0 (a uniform distribution over the vocabulary) and the
+    # draft always proposes token 0, so rejection sampling accepts a draft token with
+    # probability 1 / vocabulary size: almost never (greedy would accept them all).
+    for k in (1, 3):
+        assert sampled[k]["drafts"] > 0
+        assert sampled[k]["acceptance_rate"] < 0.05
+        assert set(sampled[k]["per_source"]) == {"a", "b"}
+    assert "| 3 | 0.8 |" in result.stdout
     for key in ("speed_no_spec", "speed_spec"):
         assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
-    assert "| 3 | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 |" in result.stdout
-    assert "| b | 2 | 2.00 | 4.00 |" in result.stdout
+    assert "| 3 | 0 | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 |" in result.stdout
+    assert "| b | 2 | 2.00 |" in result.stdout and "| 4.00 |" in result.stdout
