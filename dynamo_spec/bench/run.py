@@ -1,8 +1,10 @@
 """`dynamo-spec bench`: servers per k, the same load on each, a derived schedule, and its judgement.
 
-Order of servers: k=0, k=1.., the derived schedule, k=0 again (the last gives the
-run-to-run noise). Each fixed k runs every concurrency on the derive prompts and on
-the judge prompts; the schedule and the repeat run on the judge prompts only.
+Order of servers: k=0, k=1.., k=0 in a speculative engine (speculation on, schedule k=0
+at every batch size: what the schedule's k=0 ranges serve, and the k=0 a schedule's k > 0
+must beat), the derived schedule, k=0 again (the last gives the run-to-run noise). Each
+fixed k and the speculative k=0 run every concurrency on the derive prompts and on the
+judge prompts; the schedule and the repeat run on the judge prompts only.
 """
 
 from __future__ import annotations
@@ -232,9 +234,11 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     derive, judge = split(sets)
     splits_fixed = {"derive": derive, "judge": judge}
     max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if host.on_cpu else "gpu"]
-    plan = [(f"k={k}", k) for k in ks] + [(report.SCHEDULE, None), (report.REPEAT, 0)]
+    never = [[1, max_batch, 0]]  # speculation on, never a draft token: the schedule's k=0 ranges
+    plan = ([(f"k={k}", k) for k in ks] + [(report.SPEC_K0, None)] * (max(ks) > 0)
+            + [(report.SCHEDULE, None), (report.REPEAT, 0)])
     per_split = sum(cell_requests(args, c) for c in concurrencies)
-    total = per_split * (2 * len(ks) + 2)
+    total = per_split * (2 * len(plan) - 2)
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": shlex.join(["dynamo-spec", *sys.argv[1:]]) if sys.argv[0].endswith("__main__.py")
@@ -260,6 +264,9 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
                 top = max(k for _, _, k in schedule)
                 overrides = _server_overrides(top, schedule) if top else _server_overrides(0, None)
                 splits = {"judge": judge}
+            elif name == report.SPEC_K0:
+                overrides = _server_overrides(max(ks), never)
+                splits = splits_fixed
             else:
                 overrides = _server_overrides(k, None)
                 splits = splits_fixed if name != report.REPEAT else {"judge": judge}
@@ -279,7 +286,9 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     noise = list(report.noise(result["columns"]).values())
     result["noise_median"] = statistics.median(noise) if noise else None
     choice = {int(c): k for c, k in result["derived"]["choice"].items()}
-    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"])
+    result["k0_cost"] = {str(c): v for c, v in report.k0_cost(result["columns"], concurrencies).items()}
+    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"],
+                                                     report.k0_cost(result["columns"], concurrencies))
     result["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench.md").write_text(report.markdown(result))

@@ -40,7 +40,8 @@ def bench(tiny_models, tmp_path_factory):
 
 def test_every_cell_is_present_and_answered(bench):
     result, _, _ = bench
-    expected = {f"k={k}": {"derive", "judge"} for k in KS} | {"schedule": {"judge"}, "k=0 (repeat)": {"judge"}}
+    expected = {f"k={k}": {"derive", "judge"} for k in KS} | {
+        "k=0 (speculative engine)": {"derive", "judge"}, "schedule": {"judge"}, "k=0 (repeat)": {"judge"}}
     assert {name: set(col["cells"]) for name, col in result["columns"].items()} == expected
     for col in result["columns"].values():
         for cells in col["cells"].values():
@@ -58,7 +59,8 @@ def test_acceptance_is_consistent_and_known(bench):
         for cells in col["cells"].values():
             for cell in cells.values():
                 assert 0 <= cell["accepted_tokens"] <= cell["draft_tokens"]
-                if name in ("k=0", "k=0 (repeat)"):
+                if name in ("k=0", "k=0 (repeat)", "k=0 (speculative engine)"):
+                    # the last: speculation on, schedule k=0 at every batch size: no draft at all
                     assert cell["drafts"] == 0 and cell["acceptance_rate"] is None
     # The partial draft is accepted at its first position only: at k=3 the rate is 1/3, length 2.
     for cell in result["columns"]["k=3"]["cells"]["judge"].values():
@@ -93,6 +95,7 @@ def test_schedule_is_derived_written_and_passes_preflight(bench):
                             str(out / "config-with-schedule.yaml")], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     assert result["recommendation"] in stdout and "## Verdict" in stdout
+    assert set(result["k0_cost"]) == {str(c) for c in CONCURRENCY}
     assert (out / "bench.md").read_text().startswith("# dynamo-spec bench")
     for png in ("throughput.png", "acceptance_by_position.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

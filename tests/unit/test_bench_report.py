@@ -42,6 +42,15 @@ def test_choose_k_picks_the_best_k_and_zero_where_speculation_loses():
     assert report.choose_k(cols, [0, 2, 3], [1, 4, 32], margin=0.15) == {1: 3, 4: 0, 32: 0}
 
 
+def test_choose_k_measures_k_against_the_k0_a_schedule_really_serves():
+    # At c=8 k=2 loses 2 % to an engine without speculation but beats the speculative
+    # engine at k=0 (which pays for the draft's KV pass) by 5 %: the schedule should draft there.
+    cols = columns({"k=0": {8: 100, 32: 400}, "k=2": {8: 98, 32: 300},
+                    report.SPEC_K0: {8: 93, 32: 370}})
+    assert report.choose_k(cols, [0, 2], [8, 32], margin=0.03) == {8: 2, 32: 0}
+    assert report.k0_cost(cols, [8, 32]) == {8: pytest.approx(0.07), 32: pytest.approx(0.075)}
+
+
 def test_schedule_ranges_cover_every_batch_size_and_pass_preflight():
     schedule = report.schedule_from_choice({1: 3, 2: 3, 4: 2, 8: 2, 16: 0, 32: 0}, max_batch=128)
     assert schedule == [[1, 2, 3], [3, 11, 2], [12, 128, 0]]  # split at the geometric means (2.8, 11.3)
@@ -71,6 +80,9 @@ def test_recommendation_says_where_speculation_does_not_pay():
     assert "does not pay" in report.recommendation({1: 0, 4: 0}, [[1, 128, 0]])
     text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]])
     assert "pays at concurrency 1" in text and "does not at 32" in text
+    assert "speculative.enabled: false" not in text
+    text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]], cost={1: 0.02, 32: 0.075})
+    assert "serves 8 % less" in text and "speculative.enabled: false" in text
 
 
 def test_shipped_prompt_sets_split_apart(tmp_path):
