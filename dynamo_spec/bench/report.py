@@ -186,8 +186,9 @@ def recommendation(choice: Mapping[int, int], entries: list[list[int]],
     text += f": use the derived schedule {entries}."
     costs = [cost[c] for c in loses if cost and c in cost]
     if costs and max(costs) > 0:
-        lo, hi = f"{100 * min(costs):.0f}", f"{100 * max(costs):.0f}"
-        text += (f" In its k=0 ranges a speculative engine still serves {lo if lo == hi else lo + '-' + hi} % "
+        lo, hi = round(100 * min(costs)), round(100 * max(costs))
+        amount = f"{hi} %" if lo == hi else f"up to {hi} %" if lo <= 0 else f"{lo}-{hi} %"
+        text += (f" In its k=0 ranges a speculative engine still serves {amount} "
                  f"less than one without speculation (at concurrency {', '.join(map(str, loses))}, derive prompts): "
                  "vLLM keeps the draft's KV cache current in every step. If most of your traffic runs there, "
                  "serve without speculation (speculative.enabled: false).")

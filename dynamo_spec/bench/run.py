@@ -106,13 +106,22 @@ def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
 
 
 def _engine_ld_preload(preload: bool) -> str:
-    """LD_PRELOAD the servers' engine processes get: the environment's, plus engine.cpu_preload's."""
+    """LD_PRELOAD the servers' engine processes get: the environment's, plus engine.cpu_preload's
+    (libraries inside the Python environment written as ``<venv>/...``: reports carry no local paths)."""
     from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries
 
     env = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
     if preload:
         apply_cpu_preload(env, cpu_preload_libraries())
-    return env["LD_PRELOAD"]
+    prefixes = sorted({sys.prefix, os.path.realpath(sys.prefix)}, key=len, reverse=True)
+    libs = []
+    for lib in env["LD_PRELOAD"].split(":"):
+        for prefix in prefixes:
+            if lib.startswith(prefix + os.sep):
+                lib = "<venv>" + lib[len(prefix):]
+                break
+        libs.append(lib)
+    return ":".join(libs)
 
 
 def cell_requests(args: argparse.Namespace, c: int) -> int:

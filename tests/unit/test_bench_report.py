@@ -83,6 +83,8 @@ def test_recommendation_says_where_speculation_does_not_pay():
     assert "speculative.enabled: false" not in text
     text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]], cost={1: 0.02, 32: 0.075})
     assert "serves 8 % less" in text and "speculative.enabled: false" in text
+    text = report.recommendation({1: 3, 16: 0, 32: 0}, [[1, 5, 3], [6, 128, 0]], cost={16: -0.01, 32: 0.04})
+    assert "serves up to 4 % less" in text
 
 
 def test_shipped_prompt_sets_split_apart(tmp_path):
@@ -120,3 +122,13 @@ def test_written_schedule_config_keeps_its_paths_and_passes_preflight(repo_root,
         write_schedule_config(original, [[1, 128, 2]], tmp_path / "one.yaml"), [], {}).settings.speculative.model_fields_set
     assert load_settings(write_schedule_config(original, [[1, 128, 0]], tmp_path / "off.yaml"), [], {}
                          ).settings.speculative.enabled is False
+
+
+def test_reported_preloads_carry_no_local_paths(monkeypatch):
+    import os
+    import sys
+
+    from dynamo_spec.bench.run import _engine_ld_preload
+
+    monkeypatch.setenv("LD_PRELOAD", os.path.join(sys.prefix, "lib", "libiomp5.so") + ":/usr/lib/libtcmalloc.so.4")
+    assert _engine_ld_preload(False) == "<venv>/lib/libiomp5.so:/usr/lib/libtcmalloc.so.4"

@@ -51,7 +51,7 @@ def test_cpu_default(repo_root):
             "method": "eagle3",
             "model": str(repo_root / "models/smollm2-135m-instruct-eagle3"),
             "num_speculative_tokens": 3,
-            "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 3], [3, 11, 2], [12, 128, 0]],
+            "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 5, 2], [6, 11, 1], [12, 128, 0]],
             "use_local_argmax_reduction": True,
         },
         "per_request_spec_decode_metrics": "summary",
@@ -83,7 +83,7 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     args = build_engine_args(settings)
     assert type(args).__name__ == "AsyncEngineArgs"
     assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 3,
-                                       "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 3], [3, 11, 2], [12, 128, 0]],
+                                       "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 5, 2], [6, 11, 1], [12, 128, 0]],
                                        "use_local_argmax_reduction": True}
     assert args.dtype in ("bfloat16", "float32")  # auto, resolved for this host
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
