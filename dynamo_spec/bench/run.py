@@ -295,9 +295,9 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     noise = list(report.noise(result["columns"]).values())
     result["noise_median"] = statistics.median(noise) if noise else None
     choice = {int(c): k for c, k in result["derived"]["choice"].items()}
-    result["k0_cost"] = {str(c): v for c, v in report.k0_cost(result["columns"], concurrencies).items()}
-    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"],
-                                                     report.k0_cost(result["columns"], concurrencies))
+    cost = report.k0_cost(result["columns"], concurrencies)
+    result["k0_cost"] = {str(c): v for c, v in cost.items()}
+    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"], cost)
     result["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench.md").write_text(report.markdown(result))

@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 from ..logs import setup_logging
-
-# Everyday instruction requests written for evaluation only (never trained on), by category.
-EVERYDAY_EVAL = Path(__file__).with_name("everyday_eval.jsonl")
+from .rows import EVERYDAY_EVAL
 
 
 def _layers(text: str) -> tuple[int, ...]:

@@ -10,6 +10,10 @@ import json
 import zlib
 from pathlib import Path
 
+# The shipped evaluation set (eval-draft's default): everyday requests written for evaluation
+# only and the MT-bench first turns train-draft holds out, by category; never trained on.
+EVERYDAY_EVAL = Path(__file__).with_name("everyday_eval.jsonl")
+
 
 def write_jsonl(path: Path, rows) -> Path:
     """Write ``rows`` as JSON lines all at once (a temp file, then a rename)."""

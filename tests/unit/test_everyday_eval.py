@@ -6,8 +6,7 @@ import collections
 
 import pytest
 
-from dynamo_spec.training.cli import EVERYDAY_EVAL
-from dynamo_spec.training.rows import interleave_sources, read_jsonl
+from dynamo_spec.training.rows import EVERYDAY_EVAL, interleave_sources, read_jsonl
 
 pytestmark = pytest.mark.unit
 
