@@ -113,15 +113,10 @@ def _engine_ld_preload(preload: bool) -> str:
     env = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
     if preload:
         apply_cpu_preload(env, cpu_preload_libraries())
-    prefixes = sorted({sys.prefix, os.path.realpath(sys.prefix)}, key=len, reverse=True)
-    libs = []
-    for lib in env["LD_PRELOAD"].split(":"):
-        for prefix in prefixes:
-            if lib.startswith(prefix + os.sep):
-                lib = "<venv>" + lib[len(prefix):]
-                break
-        libs.append(lib)
-    return ":".join(libs)
+    value = env["LD_PRELOAD"]
+    for prefix in {os.path.realpath(sys.prefix), sys.prefix}:
+        value = value.replace(prefix + os.sep, "<venv>" + os.sep)
+    return value
 
 
 def cell_requests(args: argparse.Namespace, c: int) -> int:
@@ -244,10 +239,13 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     splits_fixed = {"derive": derive, "judge": judge}
     max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if host.on_cpu else "gpu"]
     never = [[1, max_batch, 0]]  # speculation on, never a draft token: the schedule's k=0 ranges
-    plan = ([(f"k={k}", k) for k in ks] + [(report.SPEC_K0, None)] * (max(ks) > 0)
-            + [(report.SCHEDULE, None), (report.REPEAT, 0)])
+    plan = [(f"k={k}", k) for k in ks]
+    if max(ks) > 0:
+        plan.append((report.SPEC_K0, None))
+    plan += [(report.SCHEDULE, None), (report.REPEAT, 0)]
     per_split = sum(cell_requests(args, c) for c in concurrencies)
-    total = per_split * (2 * len(plan) - 2)
+    # the schedule and the repeat run the judge prompts only, every other column both splits
+    total = per_split * sum(1 if name in (report.SCHEDULE, report.REPEAT) else 2 for name, _ in plan)
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": shlex.join(["dynamo-spec", *sys.argv[1:]]) if sys.argv[0].endswith("__main__.py")

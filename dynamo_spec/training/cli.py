@@ -13,16 +13,21 @@ from ..logs import setup_logging
 from .rows import EVERYDAY_EVAL
 
 
+def _list_of(cast):
+    """An argparse type: 'a,b c' -> [cast(a), cast(b), cast(c)] ('' -> [])."""
+    def parse(text: str) -> list:
+        return [cast(x) for x in text.replace(",", " ").split()]
+
+    parse.__name__ = f"{cast.__name__} list"  # argparse names the type in its error message
+    return parse
+
+
+_ks = _list_of(int)
+_floats = _list_of(float)
+
+
 def _layers(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.replace(",", " ").split())
-
-
-def _ks(text: str) -> list[int]:
-    return [int(x) for x in text.replace(",", " ").split()]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.replace(",", " ").split()]
+    return tuple(_ks(text))
 
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
