@@ -26,22 +26,28 @@ against vLLM's own path):
        request order, the rows the rejection sampler would have gathered, and the
        plain sampler's output has the same shape, dtype (``[num_reqs, 1]``, int32) and
        logprobs layout.
-    2. ``SpecDecodeBaseProposer.propose`` / ``Eagle3LlamaForCausalLM.forward``: for an
-       EAGLE-3 Llama draft of one layer (the usual shape, ours included) on an
-       attention backend that writes the KV cache in a separate step (vLLM's CPU
-       backend does), the k=0 draft pass runs only what writes the draft's KV cache:
-       embedding, the two input norms, the QKV projection, rotary embedding and vLLM's
-       own KV write. Attention, output projection, MLP and final norm, whose results a
-       k=0 step discards, are skipped. The cache gets the same values (the same modules
-       on the same inputs), so later drafts are those vLLM would have made. Other
-       drafts and backends keep vLLM's full pass.
+    2. ``GPUModelRunner.propose_draft_token_ids``: for an EAGLE-3 Llama draft of one
+       layer (the usual shape, ours included) on an attention backend that writes the
+       KV cache in a separate step (vLLM's CPU backend does), with vLLM's padded
+       drafter batch (the CPU runner's path), a k=0 step runs only what writes the
+       draft's KV cache: the draft's input tokens (the target's shifted by one, the
+       sampled or next prompt token last, as ``prepare_next_token_ids_padded`` and
+       ``set_inputs_first_pass`` set them), ``fc`` over the aux hidden states, the
+       embedding, the two input norms, the QKV projection, rotary embedding and the
+       backend's own KV write, at the target's slots (the draft shares its KV cache
+       group). vLLM's input preparation, attention metadata and forward context, and
+       the attention, output projection, MLP and final norm whose results a k=0 step
+       discards, are skipped. The cache gets the same values (the same modules on the
+       same inputs), so later drafts are those vLLM would have made. Other drafts,
+       backends and settings keep vLLM's full pass.
     3. ``EngineCore.post_step``: no ``take_draft_token_ids`` after a step scheduled
        with k=0 (the scheduler cleared the scheduled requests' draft tokens when it
        scheduled the step).
 
 Measured through the server (benchmarks/k0_cost.py, docs/bench-cpu-default.md): a k=0
-engine went from 0.86-0.90x to 0.91-0.95x of an engine without speculation; the rest of
-the gap is native worker time not pinned down yet.
+engine went from 0.86-0.90x to 0.91-0.95x of an engine without speculation with the
+draft pass cut to its KV write inside vLLM's ``propose``; session 11 moved that write out
+of ``propose`` (its input preparation was half of the ~1.7 ms a step).
 
 Not done: skipping the draft pass altogether (tried). It leaves holes in the draft's KV
 cache that drafting reads once the batch shrinks, and that later requests inherit
@@ -73,21 +79,32 @@ def _sample_without_drafts(original):
     return _sample
 
 
-def _propose_writing_kv_only_at_k0(original):
-    @functools.wraps(original)
-    def propose(self, num_speculative_tokens, *args: Any, **kwargs: Any):
-        model = self.model
-        if "_dynamo_spec_kv_only_applies" not in model.__dict__:
-            model.__dict__["_dynamo_spec_kv_only_applies"] = _kv_only_applies(model)
-        model.__dict__["_dynamo_spec_kv_only"] = (num_speculative_tokens == 0
-                                                  and model.__dict__["_dynamo_spec_kv_only_applies"])
-        try:
-            return original(self, num_speculative_tokens, *args, **kwargs)
-        finally:
-            model.__dict__["_dynamo_spec_kv_only"] = False
-
-    setattr(propose, _PATCHED_ATTR, True)
-    return propose
+def _lean_k0_applies(runner, scheduler_output, sampled_token_ids, spec_decode_metadata,
+                     aux_hidden_states) -> bool:
+    """Whether this step's draft work is only the KV write, and :func:`_write_draft_kv`
+    reproduces what vLLM's first draft pass would write: a k=0 step with no draft token
+    scheduled, an EAGLE-3 Llama draft of one layer on a backend that writes its KV
+    cache in a separate step, vLLM's padded drafter batch (the path the CPU runner
+    takes) and none of the extras that change the draft's inputs."""
+    if scheduler_output.num_spec_tokens_to_schedule != 0:
+        return False
+    if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len != 0:
+        return False
+    spec = runner.speculative_config
+    drafter = runner.drafter
+    if (spec is None or spec.method != "eagle3" or spec.disable_padded_drafter_batch
+            or not isinstance(sampled_token_ids, torch.Tensor) or sampled_token_ids.shape[-1] != 1
+            or aux_hidden_states is None or not runner.use_aux_hidden_state_outputs
+            or runner.valid_sampled_token_count_event is not None
+            or runner.uses_mrope or runner.supports_mm_inputs):
+        return False
+    if (getattr(drafter, "needs_extra_input_slots", False) or getattr(drafter, "use_heterogeneous_vocab", False)
+            or getattr(drafter, "eplb_state", None) is not None or getattr(drafter, "uses_mrope", False)):
+        return False
+    model = drafter.model
+    if "_dynamo_spec_kv_only_applies" not in model.__dict__:
+        model.__dict__["_dynamo_spec_kv_only_applies"] = _kv_only_applies(model)
+    return model.__dict__["_dynamo_spec_kv_only_applies"]
 
 
 def _kv_only_applies(model) -> bool:
@@ -105,33 +122,69 @@ def _kv_only_applies(model) -> bool:
             and attn.kv_sharing_target_layer_name is None)
 
 
-def _forward_kv_only_at_k0(original):
+def _draft_inputs(runner, num_tokens: int, sampled_token_ids: torch.Tensor,
+                  common_attn_metadata) -> torch.Tensor:
+    """The draft's token ids for this step's positions, as vLLM's padded first pass sets
+    them (``prepare_next_token_ids_padded`` + ``set_inputs_first_pass``): the target's
+    tokens shifted left by one, and at each request's last position its next token, the
+    one just sampled, or for a request still in its prefill (discarded sample) the next
+    prompt token."""
+    batch = runner.input_batch
+    num_reqs = batch.num_reqs
+    next_ids = sampled_token_ids[:num_reqs, 0].to(torch.int32)  # a copy: the sample is not touched
+    for i in runner.discard_request_mask.np[:num_reqs].nonzero()[0]:
+        req = runner.requests[batch.req_ids[i]]
+        next_ids[i] = req.get_token_id(int(batch.num_tokens_no_spec[i]) - 1)
+    ids = runner.drafter.input_ids
+    ids[:num_tokens - 1] = runner.input_ids.gpu[1:num_tokens]
+    ids[common_attn_metadata.query_start_loc[1:num_reqs + 1] - 1] = next_ids
+    return ids[:num_tokens]
+
+
+def _write_draft_kv(model, input_ids: torch.Tensor, positions: torch.Tensor,
+                    aux_hidden_states: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write the draft's KV cache for these positions: what Eagle3 LlamaModel.forward ->
+    LlamaDecoderLayer.forward (layer 0) -> LlamaAttention.forward -> Attention.forward
+    compute before the KV write, and the backend's own KV write. Attention, output
+    projection, MLP, final norm and the draft's head, whose results a k=0 step would
+    discard, are not run."""
+    hidden = model.combine_hidden_states(aux_hidden_states)
+    inner = model.model
+    layer = inner.layers[0]
+    embeds = layer.input_layernorm(inner.embed_input_ids(input_ids))
+    normed, _ = layer._residual_norm(hidden_states=hidden)
+    attn_module = layer.self_attn
+    qkv, _ = attn_module.qkv_proj(torch.cat([embeds, normed], dim=-1))
+    q, k, v = qkv.split([attn_module.q_size, attn_module.kv_size, attn_module.kv_size], dim=-1)
+    _, k = attn_module.rotary_emb(positions, q, k)
+    attn = attn_module.attn
+    attn.impl.do_kv_cache_update(attn, k.view(-1, attn.num_kv_heads, attn.head_size),
+                                 v.view(-1, attn.num_kv_heads, attn.head_size_v),
+                                 attn.kv_cache, slot_mapping)
+
+
+def _propose_kv_only_at_k0(original):
     @functools.wraps(original)
-    def forward(self, input_ids, positions, hidden_states, inputs_embeds=None):
-        if not self.__dict__.get("_dynamo_spec_kv_only"):
-            return original(self, input_ids, positions, hidden_states, inputs_embeds)
-        from vllm.model_executor.layers.attention.attention import unified_kv_cache_update
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                                hidden_states, sample_hidden_states, aux_hidden_states,
+                                spec_decode_metadata, common_attn_metadata, slot_mappings):
+        if not _lean_k0_applies(self, scheduler_output, sampled_token_ids, spec_decode_metadata,
+                                aux_hidden_states):
+            return original(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                            hidden_states, sample_hidden_states, aux_hidden_states,
+                            spec_decode_metadata, common_attn_metadata, slot_mappings)
+        n = scheduler_output.total_num_scheduled_tokens
+        with torch.inference_mode():
+            input_ids = _draft_inputs(self, n, sampled_token_ids, common_attn_metadata)
+            _write_draft_kv(self.drafter.model, input_ids, self._get_positions(n),
+                            torch.cat([h[:n] for h in aux_hidden_states], dim=-1),
+                            common_attn_metadata.slot_mapping[:n])
+        # what vLLM's propose returns for k=0: no draft token for any request
+        return torch.empty(self.input_batch.num_reqs, 0, dtype=torch.int64,
+                           device=sampled_token_ids.device)
 
-        # What Eagle3 LlamaModel.forward -> LlamaDecoderLayer.forward (layer 0) ->
-        # LlamaAttention.forward -> Attention.forward compute before the KV write.
-        inner = self.model
-        layer = inner.layers[0]
-        embeds = inputs_embeds if inputs_embeds is not None else inner.embed_input_ids(input_ids)
-        embeds = layer.input_layernorm(embeds)
-        normed, _ = layer._residual_norm(hidden_states=hidden_states)
-        attn_module = layer.self_attn
-        qkv, _ = attn_module.qkv_proj(torch.cat([embeds, normed], dim=-1))
-        q, k, v = qkv.split([attn_module.q_size, attn_module.kv_size, attn_module.kv_size], dim=-1)
-        q, k = attn_module.rotary_emb(positions, q, k)
-        attn = attn_module.attn
-        unified_kv_cache_update(k.view(-1, attn.num_kv_heads, attn.head_size),
-                                v.view(-1, attn.num_kv_heads, attn.head_size_v), attn.layer_name)
-        # The k=0 step reads no draft output; shapes as the full pass returns them.
-        unused = hidden_states.new_empty(hidden_states.shape)
-        return unused, unused
-
-    setattr(forward, _PATCHED_ATTR, True)
-    return forward
+    setattr(propose_draft_token_ids, _PATCHED_ATTR, True)
+    return propose_draft_token_ids
 
 
 def _post_step_skipping_k0(original):
@@ -166,19 +219,15 @@ def _patch(owner: type, name: str, wrapper) -> bool:
 
 def apply() -> list[str]:
     """Install the changes in this process (idempotent); return what was patched."""
-    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     patched = []
     if _patch(GPUModelRunner, "_sample", _sample_without_drafts):
         patched.append("GPUModelRunner._sample")
-    if _patch(SpecDecodeBaseProposer, "propose", _propose_writing_kv_only_at_k0):
-        patched.append("SpecDecodeBaseProposer.propose")
-    if _patch(Eagle3LlamaForCausalLM, "forward", _forward_kv_only_at_k0):
-        patched.append("Eagle3LlamaForCausalLM.forward")
+    if _patch(GPUModelRunner, "propose_draft_token_ids", _propose_kv_only_at_k0):
+        patched.append("GPUModelRunner.propose_draft_token_ids")
     if _patch(Scheduler, "schedule", _schedule_recording_k):
         patched.append("Scheduler.schedule")
     if _patch(EngineCore, "post_step", _post_step_skipping_k0):

@@ -50,6 +50,10 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         kind = str(f.type)
         if f.name == "aux_layers":
             kwargs["type"] = _layers
+        elif f.name == "self_answer_temperatures":
+            kwargs["type"] = _floats
+        elif f.name == "answer_sources":
+            kwargs["type"] = _list_of(str)
         elif f.name == "data_from":
             kwargs.update(type=Path, action="append", default=[])
         elif "Path" in kind:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import source_table, write_prompts
-from .rows import read_jsonl
+from .rows import EVERYDAY_EVAL, read_jsonl, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,13 @@ class PipelineConfig:
     self_prompts: int = _opt(0, "this many extra prompts written by the target itself (Magpie: sampled from "
                              "its chat template's start of a user turn)")
     self_temperature: float = _opt(0.8, "sampling temperature of those prompts")
+    self_kinds: str = _opt("mixed", "which requests to start: mixed (free ones and multiple-choice questions) or "
+                           "instructions (explanations, how-tos, recipes, tips, writing, comparisons)",
+                           choices=("mixed", "instructions"))
+    self_answer_temperatures: tuple[float, ...] = _opt((0.0,), "the answers of those prompts, in turn at these "
+                                                       "temperatures (0: greedy), e.g. '0,0.7,1'")
+    answer_sources: tuple[str, ...] = _opt((), "answer only the prompts of these sources, e.g. 'magpie,mtbench' "
+                                           "(default: all)")
     self_seed: int | None = _opt(None, "sampling seed of those prompts (default: --seed); another seed gives new "
                                  "requests while the prompt split, set by --seed, stays")
     init_from: Path | None = _opt(None, "start from this draft's weights (fc, decoder layer, norm) instead of a "
@@ -87,11 +94,16 @@ def _earlier_prompts(work: Path) -> list[dict]:
     return read_jsonl(merged if merged.exists() else work / "prompts.jsonl")
 
 
+def _eval_texts() -> tuple[str, ...]:
+    """The user turns of the shipped evaluation set: a self-prompt close to one is dropped."""
+    return tuple(m["content"] for r in read_jsonl(EVERYDAY_EVAL) for m in r["messages"] if m["role"] == "user")
+
+
 def run_pipeline(cfg: PipelineConfig) -> dict:
     from .answers import generate_answers
     from .decode import generate_with_states
     from .hidden_states import extract_hidden_states, load_shards
-    from .self_prompts import SOURCE, merge_prompt_files, write_self_prompts
+    from .self_prompts import KIND_SETS, SOURCE, merge_prompt_files, write_self_prompts
     from .train import TrainConfig, train
 
     work = cfg.work_dir
@@ -105,8 +117,14 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         own = _timed(cfg, "self_prompts", write_self_prompts, cfg.target,
                      work / "self_prompts.jsonl", cfg.self_prompts,
                      seed=cfg.seed if cfg.self_seed is None else cfg.self_seed,
-                     temperature=cfg.self_temperature, dtype=cfg.dtype, known=known)
+                     temperature=cfg.self_temperature, dtype=cfg.dtype, known=known,
+                     avoid=_eval_texts(),
+                     kinds=KIND_SETS[cfg.self_kinds],
+                     answer_temperatures=tuple(cfg.self_answer_temperatures))
         prompts = merge_prompt_files(work / "answer_prompts.jsonl", prompts, own)
+    if cfg.answer_sources:
+        prompts = write_jsonl(work / "answer_prompts_selected.jsonl",
+                              [r for r in read_jsonl(prompts) if r["source"] in cfg.answer_sources])
     if cfg.generator == "decoder":
         skip = {r["id"] for d in cfg.data_from for r in read_jsonl(Path(d) / "answers.jsonl")}
         _timed(cfg, "answers_and_states", generate_with_states, cfg.target, prompts, work,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -30,6 +31,21 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("", ""),
     ("Which of the following", "\nExplain your reasoning, then give the answer."),
 )
+# Requests steered to what users send a chat model (the kinds issue 13 lists: explanations,
+# how-tos, recipes, tips, poems and stories, writing help, comparisons), one free kind
+# among them so the mix keeps the target's own spread.
+INSTRUCTION_KINDS: tuple[tuple[str, str], ...] = (
+    ("", ""),
+    ("Explain", ""),
+    ("How do I", ""),
+    ("Give me a recipe for", ""),
+    ("What are some tips for", ""),
+    ("Write a short", ""),
+    ("Can you help me write", ""),
+    ("What is the difference between", ""),
+    ("How does", ""),
+)
+KIND_SETS = {"mixed": KINDS, "instructions": INSTRUCTION_KINDS}
 
 
 def pre_query_ids(tokenizer) -> list[int]:
@@ -66,21 +82,34 @@ def sample_requests(model, heads: list[list[int]], eos_ids: set[int], *, seed: i
     return [out[i] for i in range(m)]
 
 
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def near_duplicate(text: str, others: list[frozenset[str]], threshold: float = 0.6) -> bool:
+    """Whether ``text`` shares at least ``threshold`` of its words with one of ``others``
+    (word sets, :func:`_words`), by Jaccard similarity of the word sets."""
+    words = _words(text)
+    return any(len(words & o) >= threshold * len(words | o) for o in others if words | o)
+
+
 def select_queries(tokenizer, requests: list[list[int]], eos_ids: set[int], n: int,
                    min_chars: int = 24, kinds: list[tuple[str, str]] | None = None,
-                   known: set[str] = frozenset()) -> list[str]:
+                   known: set[str] = frozenset(), avoid: tuple[str, ...] = ()) -> list[str]:
     """The first ``n`` usable requests in order: ended on their own (EOS before the
     token cap), pass :func:`keep_query` with their start, and new (case-insensitive),
-    also against ``known`` (lower-cased texts of earlier runs' prompts).
+    also against ``known`` (lower-cased texts of earlier runs' prompts), and no near
+    duplicate (:func:`near_duplicate`) of a text in ``avoid`` (the evaluation set's).
     ``kinds[i]`` is the (start, end) of request i: the text is start + request + end."""
     out, seen = [], {k.lower() for k in known}
+    avoided = [_words(a) for a in avoid]
     for i, ans in enumerate(requests):
         if not ans or ans[-1] not in eos_ids:
             continue  # cut off at max_new_tokens
         start, end = kinds[i] if kinds else ("", "")
         text = (start + tokenizer.decode(ans, skip_special_tokens=True)).strip()
         key = (text + end).lower()
-        if keep_query(text, min_chars) and key not in seen:
+        if keep_query(text, min_chars) and key not in seen and not near_duplicate(text, avoided):
             seen.add(key)
             out.append(text + end)
             if len(out) == n:
@@ -93,12 +122,16 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
                        batch_size: int = 64, min_chars: int = 24,
                        dtype: str = "bfloat16", attempts: float = 1.4,
                        kinds: tuple[tuple[str, str], ...] = KINDS,
-                       known: set[str] = frozenset()) -> Path:
+                       known: set[str] = frozenset(), avoid: tuple[str, ...] = (),
+                       answer_temperatures: tuple[float, ...] = (0.0,)) -> Path:
     """Write at most ``n`` target-written prompts to ``path`` once (idempotent):
     ``ceil(attempts * n)`` sampled requests (:func:`sample_requests`), request i of kind
-    ``kinds[i % len(kinds)]``, and the first ``n`` usable ones not in ``known``
+    ``kinds[i % len(kinds)]``, and the first ``n`` usable ones not in ``known`` nor near
+    ``avoid``
     (:func:`select_queries`) as ``{"id", "source", "split", "messages"}`` rows, as
-    :func:`.data.build_prompts` writes them. Ids carry a non-zero ``seed`` so that runs
+    :func:`.data.build_prompts` writes them. Row i is answered at
+    ``answer_temperatures[i % len]`` (0: greedy; otherwise the row has a ``temperature``,
+    as :func:`.data.sampled_rows` writes). Ids carry a non-zero ``seed`` so that runs
     with different seeds can be trained on together."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,11 +149,14 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
              for start, _ in per]
     requests = sample_requests(model, heads, eos_ids, seed=seed, temperature=temperature,
                                max_new_tokens=max_new_tokens, batch_size=batch_size)
-    texts = select_queries(tok, requests, eos_ids, n, min_chars, per, known)
+    texts = select_queries(tok, requests, eos_ids, n, min_chars, per, known, avoid)
     logger.info("self-prompts: kept %d of %d sampled requests", len(texts), m)
     prefix = SOURCE if seed == 0 else f"{SOURCE}-s{seed}"
     rows = [{"id": f"{prefix}-{i:05d}", "source": SOURCE, "split": "train",
              "messages": [{"role": "user", "content": text}]} for i, text in enumerate(texts)]
+    for i, row in enumerate(rows):
+        if t := answer_temperatures[i % len(answer_temperatures)]:
+            row["temperature"] = t
     return write_jsonl(path, rows)
 
 

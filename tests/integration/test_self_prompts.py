@@ -70,6 +70,12 @@ def test_select_queries_keeps_finished_new_and_clean_requests(target):
     assert select_queries(tok, requests, {eos}, n=10,
                           known={"tell me a story about a fox."})[-1] == (
         "What is a prime number, simply put?")
+    # nor one close to an evaluation prompt (most of its words shared)
+    assert select_queries(tok, requests, {eos}, n=10,
+                          avoid=("Tell me a short story about a fox!",))[-1] == (
+        "What is a prime number, simply put?")
+    assert select_queries(tok, requests, {eos}, n=10,
+                          avoid=("Tell me about foxes and their dens.",))[-1] == "Tell me a story about a fox."
     # a started request: start + request + end, the start counted in the checks
     kinds = [("", "")] * 5 + [("Which of the following", "\nExplain.")]
     started = requests[:5] + [req(" is a mammal? (A) cat (B) trout")]

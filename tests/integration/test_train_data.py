@@ -50,8 +50,9 @@ def test_answers_and_states_on_the_tiny_target(tiny_models, tmp_path):
 
 def test_train_draft_end_to_end_with_self_prompts(tiny_models, tmp_path):
     """The whole command: the prompt file (pre-written, so nothing is downloaded), the
-    target's own requests, answers and states for both, a few training steps, and the
-    draft as vLLM loads it."""
+    target's own instruction requests, answered in turn greedily and sampled, answers
+    and states for the chosen sources only, a few training steps, and the draft as vLLM
+    loads it."""
     from dynamo_spec.training.pipeline import PipelineConfig, run_pipeline
 
     work = tmp_path / "work"
@@ -59,15 +60,19 @@ def test_train_draft_end_to_end_with_self_prompts(tiny_models, tmp_path):
     rows = [{"id": f"chitchat-{i}", "source": "chitchat", "split": split,
              "messages": [{"role": "user", "content": f"hello number {i}"}]}
             for i, split in enumerate(["train", "eval", "train"])]
+    rows.append({"id": "mmlu-0", "source": "mmlu", "split": "train",
+                 "messages": [{"role": "user", "content": "Which of the following is a prime?"}]})
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = PipelineConfig(target=tiny_models["target"], out=tmp_path / "draft", work_dir=work,
                          steps=3, minutes=None, answer_minutes=None, max_new_tokens=8,
                          aux_layers=(1, 2, 3), draft_vocab=64, self_prompts=3,
-                         self_temperature=1.0)
+                         self_temperature=1.0, self_kinds="instructions",
+                         self_answer_temperatures=(0.0, 0.7), answer_sources=("chitchat", "magpie"))
     summary = run_pipeline(cfg)
 
     own = read_jsonl(work / "self_prompts.jsonl")
     assert len(own) <= 3 and all(r["source"] == "magpie" for r in own)
+    assert [r.get("temperature") for r in own] == [None, 0.7, None][:len(own)]
     answered = {r["id"] for r in read_jsonl(work / "answers.jsonl")}
     assert answered == {"chitchat-0", "chitchat-2"} | {r["id"] for r in own}
     assert summary["steps"] == 3 and summary["answer_sequences"] == len(answered)

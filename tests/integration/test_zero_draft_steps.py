@@ -71,16 +71,20 @@ def test_k0_steps_skip_the_rejection_sampler_and_the_draft_round_trip(tiny_model
         [o["token_ids"] for p in vllm_own["phases"] for o in p["outputs"]]
 
 
-def test_k0_steps_fill_the_draft_kv_cache_as_vllm_does(tiny_models):
+@pytest.mark.parametrize("chunk", [None, 24], ids=["whole-prefills", "chunked-prefills"])
+def test_k0_steps_fill_the_draft_kv_cache_as_vllm_does(tiny_models, chunk):
     """Random target and draft (the draft's proposals depend on everything in its KV
     cache). Eight requests share k=0 steps, then the long one is alone and drafts (k=3)
     over positions whose draft KV entries were written by those k=0 steps: the drafts
     are token for token those of vLLM's full draft pass. The control, k=0 steps writing
-    nothing there (skipping the draft pass), changes them."""
+    nothing there (skipping the draft pass), changes them. With at most 24 tokens a
+    step, the prompts are prefilled in chunks: steps with requests part-way through their
+    prompt, whose next draft input is a prompt token, not a sampled one."""
     together = [{"prompt": p, "max_tokens": 3} for p in (PROMPTS * 2)[:7]]
     together.append({"prompt": "Tell me about the sea, the wind and the boats.", "max_tokens": 40})
     spec = {"target": str(tiny_models["target"]), "draft": str(tiny_models["draft"]), "k": K,
-            "schedule": [[1, 1, K], [2, 128, 0]], "phases": [together], "count_calls": True}
+            "schedule": [[1, 1, K], [2, 128, 0]], "phases": [together], "count_calls": True,
+            "max_num_batched_tokens": chunk}
     in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     ours = probe(spec, env=in_process)
     vllm_own = probe(spec, env={**in_process, "DYNAMO_SPEC_ZERO_DRAFT_STEPS": "0"})

@@ -47,17 +47,9 @@ def count_calls() -> dict:
 def skip_k0_draft_pass() -> None:
     """The control of the KV-cache test: k=0 steps write nothing to the draft's KV cache
     (what skipping the draft pass would do). In-process engine only."""
-    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+    from dynamo_spec import zero_draft_steps
 
-    forward = Eagle3LlamaForCausalLM.forward
-
-    def skipping(self, input_ids, positions, hidden_states, inputs_embeds=None):
-        if self.__dict__.get("_dynamo_spec_kv_only"):
-            unused = hidden_states.new_empty(hidden_states.shape)
-            return unused, unused
-        return forward(self, input_ids, positions, hidden_states, inputs_embeds)
-
-    Eagle3LlamaForCausalLM.forward = skipping
+    zero_draft_steps._write_draft_kv = lambda *args, **kwargs: None
 
 
 def main() -> None:
@@ -65,7 +57,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=spec["target"], dtype="bfloat16", max_model_len=512, kv_cache_memory_bytes=256 << 20,
-                  enforce_eager=True, disable_log_stats=False, seed=0)
+                  enforce_eager=True, disable_log_stats=False, seed=0,
+                  **({"max_num_batched_tokens": spec["max_num_batched_tokens"]}
+                     if spec.get("max_num_batched_tokens") else {}))
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
                                         "num_speculative_tokens": spec["k"],

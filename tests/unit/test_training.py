@@ -263,6 +263,10 @@ def test_train_draft_options_come_from_the_pipeline_config():
             continue
         assert getattr(args, f.name) == f.default, f.name
     assert args.aux_layers == (1, 2, 3) and args.data_from == []
+    args = parser.parse_args(["train-draft", "--target", "t", "--out", "o", "--self-kinds", "instructions",
+                              "--self-answer-temperatures", "0,0.7,1", "--answer-sources", "magpie,mtbench"])
+    assert args.self_answer_temperatures == [0.0, 0.7, 1.0]
+    assert args.answer_sources == ["magpie", "mtbench"] and args.self_kinds == "instructions"
 
 
 def test_train_draft_errors_are_one_line(tmp_path):
