@@ -46,8 +46,11 @@ against vLLM's own path):
 
 Measured through the server (benchmarks/k0_cost.py, docs/bench-cpu-default.md): a k=0
 engine went from 0.86-0.90x to 0.91-0.95x of an engine without speculation with the
-draft pass cut to its KV write inside vLLM's ``propose``; session 11 moved that write out
-of ``propose`` (its input preparation was half of the ~1.7 ms a step).
+draft pass cut to its KV write inside vLLM's ``propose``. Session 11 moved that write out
+of ``propose``, whose input preparation was half of the ~1.7 ms it cost a step. Offline
+(compiled, 32 requests, 64 tokens, medians of 5 runs, 2-core Xeon with AMX): a k=0
+engine then served 0.982x and 0.976x of one without speculation in two rounds (the
+previous path: 0.93x in session 10; 0.85x and 0.98x alongside, noisy).
 
 Not done: skipping the draft pass altogether (tried). It leaves holes in the draft's KV
 cache that drafting reads once the batch shrinks, and that later requests inherit
