@@ -148,5 +148,5 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                                   "licence": "the target's"}] if cfg.self_prompts else [])
     summary.update({"timings_s": cfg.timings, "sources": sources,
                     "answer_sequences": len(seqs)})
-    (work / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (work / "training_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
