@@ -57,7 +57,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=spec["target"], dtype="bfloat16", max_model_len=512, kv_cache_memory_bytes=256 << 20,
-                  enforce_eager=not spec.get("compiled"), disable_log_stats=False, seed=0,
+                  enforce_eager=True, disable_log_stats=False, seed=0,
                   **({"max_num_batched_tokens": spec["max_num_batched_tokens"]}
                      if spec.get("max_num_batched_tokens") else {}))
     if spec.get("draft"):
