@@ -127,8 +127,7 @@ def write_self_prompts(target: Path, path: Path, n: int, *, seed: int = 0,
     """Write at most ``n`` target-written prompts to ``path`` once (idempotent):
     ``ceil(attempts * n)`` sampled requests (:func:`sample_requests`), request i of kind
     ``kinds[i % len(kinds)]``, and the first ``n`` usable ones not in ``known`` nor near
-    ``avoid``
-    (:func:`select_queries`) as ``{"id", "source", "split", "messages"}`` rows, as
+    ``avoid`` (:func:`select_queries`) as ``{"id", "source", "split", "messages"}`` rows, as
     :func:`.data.build_prompts` writes them. Row i is answered at
     ``answer_temperatures[i % len]`` (0: greedy; otherwise the row has a ``temperature``,
     as :func:`.data.sampled_rows` writes). Ids carry a non-zero ``seed`` so that runs
