@@ -51,7 +51,7 @@ of ``propose``, whose input preparation was half of the ~1.7 ms it cost a step. 
 (compiled, 32 requests, 64 tokens, medians of 5 runs, 2-core Xeon with AMX): a k=0
 engine then served 0.982x and 0.976x of one without speculation in two rounds (the
 previous path: 0.93x in session 10; 0.85x and 0.98x alongside, noisy). Through the server
-the gain is not shown yet (docs/bench-cpu-default.md, session 11).
+(benchmarks/k0_cost.py, c=16/32): 0.938x and 0.952x, against 0.922x and 0.912x for vLLM alone.
 
 Not done: skipping the draft pass altogether (tried). It leaves holes in the draft's KV
 cache that drafting reads once the batch shrinks, and that later requests inherit
