@@ -103,7 +103,7 @@ def _lean_k0_applies(runner, scheduler_output, sampled_token_ids, spec_decode_me
             or runner.uses_mrope or runner.supports_mm_inputs):
         return False
     if (getattr(drafter, "needs_extra_input_slots", False) or getattr(drafter, "use_heterogeneous_vocab", False)
-            or getattr(drafter, "eplb_state", None) is not None or getattr(drafter, "uses_mrope", False)):
+            or getattr(drafter, "eplb_state", None) is not None):
         return False
     model = drafter.model
     if "_dynamo_spec_kv_only_applies" not in model.__dict__:

@@ -30,6 +30,9 @@ def _layers(text: str) -> tuple[int, ...]:
     return tuple(_ks(text))
 
 
+_TUPLE_OF = {"int": _layers, "float": _floats, "str": _list_of(str)}
+
+
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     """One option per PipelineConfig field: its default and help come from there."""
     from .pipeline import PipelineConfig
@@ -48,14 +51,10 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         kind = str(f.type)
-        if f.name == "aux_layers":
-            kwargs["type"] = _layers
-        elif f.name == "self_answer_temperatures":
-            kwargs["type"] = _floats
-        elif f.name == "answer_sources":
-            kwargs["type"] = _list_of(str)
-        elif f.name == "data_from":
+        if f.name == "data_from":
             kwargs.update(type=Path, action="append", default=[])
+        elif kind.startswith("tuple["):  # a comma list: "1,2,3" (the element type from the annotation)
+            kwargs["type"] = _TUPLE_OF[kind.split("[")[1].split(",")[0]]
         elif "Path" in kind:
             kwargs["type"] = Path
         elif "float" in kind:
