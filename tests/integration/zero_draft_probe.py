@@ -52,25 +52,6 @@ def skip_k0_draft_pass() -> None:
     zero_draft_steps._write_draft_kv = lambda *args, **kwargs: None
 
 
-def record_eval_frame_hook() -> dict:
-    """Count the calls of vLLM's Python KV-cache write (a custom op the compiled graph
-    calls 2 x layers times a step) made with dynamo's frame-evaluation hook on and off.
-    In-process engine only."""
-    import torch
-    from vllm.model_executor.layers.attention import attention
-
-    seen = {"hook_on": 0, "hook_off": 0}
-    original = attention.get_attention_context
-
-    def recording(*args, **kwargs):
-        on = torch._C._dynamo.eval_frame.get_eval_frame_callback() is not None
-        seen["hook_on" if on else "hook_off"] += 1
-        return original(*args, **kwargs)
-
-    attention.get_attention_context = recording
-    return seen
-
-
 def main() -> None:
     spec = json.loads(sys.argv[1])
     from vllm import LLM, SamplingParams
@@ -87,8 +68,6 @@ def main() -> None:
     calls = count_calls() if spec.get("count_calls") else {}
     if spec.get("skip_k0_draft_pass"):
         skip_k0_draft_pass()
-    if spec.get("record_eval_frame_hook"):
-        calls["eval_frame_hook"] = record_eval_frame_hook()
     phases = []
     for requests in spec["phases"]:
         before = drafts_counter(llm)
