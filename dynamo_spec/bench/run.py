@@ -248,8 +248,9 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     total = per_split * sum(1 if name in (report.SCHEDULE, report.REPEAT) else 2 for name, _ in plan)
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": shlex.join(["dynamo-spec", *sys.argv[1:]]) if sys.argv[0].endswith("__main__.py")
-        else shlex.join(sys.argv),
+        # the program by name only: no path of this machine in the report
+        "command": shlex.join(["dynamo-spec" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0]),
+                               *sys.argv[1:]]),
         "settings": {"config": str(config), "overrides": args.overrides, "model": model,
                      "draft": _relative(settings.speculative.model), "method": settings.speculative.method, "ks": ks,
                      "concurrency": concurrencies, "requests": args.requests,

@@ -50,8 +50,8 @@ def test_cpu_default(repo_root):
         "speculative_config": {
             "method": "eagle3",
             "model": str(repo_root / "models/smollm2-135m-instruct-eagle3"),
-            "num_speculative_tokens": 3,
-            "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 5, 2], [6, 11, 1], [12, 128, 0]],
+            "num_speculative_tokens": 4,
+            "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 2, 2], [3, 22, 1], [23, 128, 0]],
             "use_local_argmax_reduction": True,
         },
         "per_request_spec_decode_metrics": "summary",
@@ -82,8 +82,8 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     settings = load_settings(repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", overrides, {}).settings
     args = build_engine_args(settings)
     assert type(args).__name__ == "AsyncEngineArgs"
-    assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 3,
-                                       "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 5, 2], [6, 11, 1], [12, 128, 0]],
+    assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 4,
+                                       "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 2, 2], [3, 22, 1], [23, 128, 0]],
                                        "use_local_argmax_reduction": True}
     assert args.dtype in ("bfloat16", "float32")  # auto, resolved for this host
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
