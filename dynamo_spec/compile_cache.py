@@ -37,7 +37,9 @@ What this module changes:
 Measured (CPU default without speculation, through the server, one client, 2-core Xeon
 with AMX; docs/bench-cpu-default.md, session 12): ready in 21.7-22.3 s loaded against
 80.9-81.6 s compiling; 39.0, 39.3, 39.2 and 38.6 tok/s loaded with (2), 36.8 and 36.6
-without it, 37.7-38.9 compiled fresh; ``python -m benchmarks.compile_cache``. A test
+without it, 37.7-38.9 compiled fresh (a throw-away A/B); then ``python -m
+benchmarks.compile_cache --concurrency 1,8 --rounds 2``: ready in 21.7 and 23.2 s against
+81.5 and 82.0 s, loaded/fresh 1.022 at one client and 1.013 at eight. A test
 starts a compiled engine twice on one cache and checks the second start loads target
 and draft, runs their graphs inside the wrapper (it fails without (2)), and gives the
 tokens of the first.
