@@ -52,6 +52,23 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+# Fields whose wrong JSON type vLLM 0.32's own request validators do not catch: they call
+# .get on the value (ChatCompletionRequest.check_structured_outputs_count and the
+# completions twin), so `"structured_outputs": false` was a 500 (found by tests/integration/test_fuzz.py).
+OBJECT_FIELDS = ("structured_outputs",)
+
+
+def check_types(body: Any) -> None:
+    """Raise a Refusal naming the field when a field vLLM expects as an object is not one."""
+    if not isinstance(body, dict):
+        return
+    for field in OBJECT_FIELDS:
+        value = body.get(field)
+        if value is not None and not isinstance(value, dict):
+            raise Refusal(400, "invalid", f"'{field}' must be an object or null, not {type(value).__name__}",
+                          param=field)
+
+
 def check_bounds(body: Any, limits: LimitsSettings) -> None:
     """Raise a Refusal naming the field and the limit when `body` asks for more than allowed.
 
@@ -100,7 +117,9 @@ class AdmissionMiddleware:
             if generation:
                 body = await self._read_body(scope, receive)
                 with contextlib.suppress(ValueError):
-                    check_bounds(json.loads(body), self.limits)
+                    parsed = json.loads(body)
+                    check_types(parsed)
+                    check_bounds(parsed, self.limits)
                 receive = _replay(body, receive)
         except Refusal as refusal:
             await self._refuse(refusal, scope, receive, send)

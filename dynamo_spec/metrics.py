@@ -258,10 +258,11 @@ class DynamoSpecMetrics:
         self.rejected = Counter(
             "dynamo_spec_requests_rejected",
             "Requests answered without reaching the engine, by reason: overloaded (429), loading, draining, "
-            "dead (503), limit (400), body_too_large (413).",
+            "dead (503), limit (400), invalid (400: a field of the wrong type that vLLM would crash on), "
+            "body_too_large (413).",
             ["reason"], registry=registry,
         )
-        for reason in ("overloaded", "loading", "draining", "dead", "limit", "body_too_large"):
+        for reason in ("overloaded", "loading", "draining", "dead", "limit", "invalid", "body_too_large"):
             self.rejected.labels(reason)
         self.timeouts = Counter(
             "dynamo_spec_request_timeouts", "Requests aborted at limits.request_timeout_seconds.", registry=registry

@@ -104,6 +104,16 @@ def test_body_too_large_is_413(server):
     assert requests.get(server.url + "/health", timeout=5).status_code == 200
 
 
+@pytest.mark.parametrize("route, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "tiny", "prompt": "Hi"})])
+@pytest.mark.parametrize("value", [False, "json", [1]])
+def test_structured_outputs_not_an_object_is_400(server, route, body, value):
+    """vLLM 0.32 answered 500 ("'bool' object has no attribute 'get'"; found by the fuzz test)."""
+    r = post(server, route, {**body, "structured_outputs": value})
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == "structured_outputs"
+    assert requests.get(server.url + "/health", timeout=5).status_code == 200
+
+
 def test_past_max_in_flight_answers_429_at_once(server):
     c = client(server)
     streams = [c.completions.create(model="tiny", prompt=PROMPT, max_tokens=300, temperature=0, stream=True,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dynamo_spec.admission import Refusal, check_bounds
+from dynamo_spec.admission import Refusal, check_bounds, check_types
 from dynamo_spec.lifecycle import Lifecycle, Phase
 from dynamo_spec.server import is_loopback, security_warnings
 from dynamo_spec.settings import LimitsSettings, Settings
@@ -47,6 +47,18 @@ def test_beyond_a_limit_names_field_value_and_setting(body, field, setting):
 ])
 def test_within_limits_or_malformed_passes(body):
     check_bounds(body, LIMITS)
+
+
+@pytest.mark.parametrize("value", [False, 0, "json", [1]])
+def test_structured_outputs_must_be_an_object(value):
+    with pytest.raises(Refusal) as refusal:
+        check_types({"structured_outputs": value})
+    assert refusal.value.status == 400 and refusal.value.param == "structured_outputs"
+
+
+@pytest.mark.parametrize("body", [{"structured_outputs": None}, {"structured_outputs": {"json": {}}}, {}, [1], "x"])
+def test_structured_outputs_object_or_absent_passes(body):
+    check_types(body)
 
 
 def test_max_tokens_unbounded_by_default():
