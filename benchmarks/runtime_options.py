@@ -56,6 +56,7 @@ def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
     out["inproc"] = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [])  # EngineCore inside the API process
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
+    out["eager"] = ({}, ["--engine.enforce_eager", "true"])
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
     out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])

@@ -77,13 +77,18 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from dynamo_spec.engine_args import schedule_for
     from dynamo_spec.host import detect_host, resolve_dtype
+    from dynamo_spec.preflight import SCHEDULE_FIELD
 
     loaded = _load(args)
     rows = effective_config(loaded)
     # Values resolved at start-up (field -> (what vLLM gets, why)), shown beside what was written.
     dtype, why = resolve_dtype(loaded.settings.engine.dtype, detect_host())
     resolved = {"engine.dtype": (dtype, why)} if why else {}
+    schedule, schedule_why = schedule_for(loaded.settings, dtype)
+    if schedule_why:
+        resolved[SCHEDULE_FIELD] = ([list(e) for e in schedule] if schedule else None, schedule_why)
     if args.json:
         out = []
         for f, v, s in rows:
@@ -92,7 +97,7 @@ def cmd_config(args: argparse.Namespace) -> int:
                 out[-1].update(resolved=resolved[f][0], why=resolved[f][1])
         print(json.dumps(out, indent=2, default=str))
         return 0
-    rows = [(f, f"{v} -> {resolved[f][0]}", f"{s} ({resolved[f][1]})") if f in resolved else (f, v, s)
+    rows = [(f, f"{_show(v)} -> {_show(resolved[f][0])}", f"{s} ({resolved[f][1]})") if f in resolved else (f, v, s)
             for f, v, s in rows]
     width = max(len(f) for f, _, _ in rows)
     vwidth = min(48, max(len(_show(v)) for _, v, _ in rows))

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import EnvSettingsSource
 
-from dynamo_spec.settings import ENV_DELIMITER, ENV_PREFIX, Settings, did_you_mean
+from dynamo_spec.settings import ENV_DELIMITER, ENV_PREFIX, SCHEDULE_TAGS, Settings, did_you_mean
 
 Path_ = tuple[str, ...]
 
@@ -224,7 +224,7 @@ def _lookup(sources: Mapping[Path_, str], path: Path_) -> str | None:
 def _explain(exc: ValidationError, sources: dict[Path_, str], config_file: str | Path | None) -> str:
     lines = []
     for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-") and str(p) not in (*SCHEDULE_TAGS, "[key]"))
         message = err["msg"].removeprefix("Value error, ")
         if not loc and ": " in message:  # a cross-field check names its field first
             head, message = message.split(": ", 1)

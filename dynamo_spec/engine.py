@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from dynamo_spec.cpu_threads import default_cpu_thread_binding
-from dynamo_spec.engine_args import build_engine_args
+from dynamo_spec.engine_args import build_engine_args, schedule_for
 from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
 from dynamo_spec.settings import Settings
 
@@ -34,6 +34,10 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
         logger.info("engine.dtype: %s (%s; CPU: %s)", dtype, why, host.cpu_model)
+    schedule, schedule_why = schedule_for(settings, dtype)
+    if schedule_why and settings.speculative.enabled:
+        logger.info("speculative.num_speculative_tokens_per_batch_size: %s (%s)",
+                    [list(e) for e in schedule] if schedule else None, schedule_why)
     if host.on_cpu and settings.engine.cpu_preload:
         wanted = cpu_preload_libraries()
         added = apply_cpu_preload(os.environ, wanted)

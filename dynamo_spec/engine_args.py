@@ -9,17 +9,42 @@ from typing import Any
 from dynamo_spec.host import Host, detect_host, resolve_dtype
 from dynamo_spec.settings import Settings
 
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
-def speculative_config(settings: Settings) -> dict[str, Any] | None:
-    """The `speculative_config` dict vLLM receives, or None when speculation is off."""
+
+def schedule_for(settings: Settings, dtype: str) -> tuple[list[tuple[int, int, int]] | None, str | None]:
+    """The batch-size schedule of k that applies when the engine runs in `dtype`, and why
+    (None when the setting is one schedule or none).
+
+    A schedule per dtype (``{bfloat16: [...], float32: [...]}``) picks the entry for the
+    resolved dtype, else ``default``, else none (a fixed k).
+    """
+    value = settings.speculative.num_speculative_tokens_per_batch_size
+    if not isinstance(value, dict):
+        return value, None
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    if dtype in value:
+        return value[dtype], f"the {dtype} entry (the engine runs in {dtype})"
+    if "default" in value:
+        return value["default"], f"the default entry (no {dtype} entry)"
+    return None, f"no entry for {dtype} and no default: a fixed k of speculative.num_speculative_tokens"
+
+
+def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str, Any] | None:
+    """The `speculative_config` dict vLLM receives, or None when speculation is off.
+
+    `dtype` is the engine's resolved dtype (it picks a schedule given per dtype);
+    default: ``engine.dtype`` as written.
+    """
     spec = settings.speculative
     if not spec.enabled:
         return None
     config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
     if spec.model is not None:
         config["model"] = spec.model
-    if spec.num_speculative_tokens_per_batch_size is not None:
-        config["num_speculative_tokens_per_batch_size"] = [list(e) for e in spec.num_speculative_tokens_per_batch_size]
+    schedule, _ = schedule_for(settings, dtype or settings.engine.dtype)
+    if schedule is not None:
+        config["num_speculative_tokens_per_batch_size"] = [list(e) for e in schedule]
     if spec.draft_tensor_parallel_size is not None:
         config["draft_tensor_parallel_size"] = spec.draft_tensor_parallel_size
     config.update(spec.extra)
@@ -49,7 +74,7 @@ def engine_kwargs(settings: Settings, host: Host | None = None) -> dict[str, Any
         "enforce_eager": engine.enforce_eager,
         "max_num_seqs": engine.max_num_seqs,
         "seed": engine.seed,
-        "speculative_config": speculative_config(settings),
+        "speculative_config": speculative_config(settings, dtype),
     }
     if kwargs["speculative_config"] is not None:
         kwargs["per_request_spec_decode_metrics"] = engine.per_request_spec_decode_metrics

@@ -86,8 +86,10 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         if max_num_seqs is None:
             max_num_seqs = VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu else "gpu"]
             where = "vLLM's default max_num_seqs here"
-        problems += check_schedule(spec.num_speculative_tokens_per_batch_size, spec.num_speculative_tokens,
-                                   max_num_seqs, where)
+        value = spec.num_speculative_tokens_per_batch_size
+        for key, schedule in (value.items() if isinstance(value, dict) else [(None, value)]):
+            problems += check_schedule(schedule, spec.num_speculative_tokens, max_num_seqs, where,
+                                       field=SCHEDULE_FIELD + (f".{key}" if key else ""))
     problems += check_parallel(settings, on_cpu, None if on_cpu else _gpu_count())
     problems += check_tp_split(settings, target, draft)
     problems += _check_memory(settings, target, draft, on_cpu)
@@ -155,15 +157,15 @@ SCHEDULE_FIELD = "speculative.num_speculative_tokens_per_batch_size"
 
 
 def check_schedule(schedule: list[tuple[int, int, int]], k: int, max_num_seqs: int,
-                   where: str = "engine.max_num_seqs") -> list[Problem]:
+                   where: str = "engine.max_num_seqs", field: str = SCHEDULE_FIELD) -> list[Problem]:
     """A batch-size schedule of k: ordered, non-overlapping ranges covering 1..max_num_seqs, 0 <= k_i <= k."""
     problems: list[Problem] = []
     if not schedule:
-        return [Problem("error", f"{SCHEDULE_FIELD}: empty; give entries [lo, hi, k] or leave it unset")]
+        return [Problem("error", f"{field}: empty; give entries [lo, hi, k] or leave it unset")]
     expected_lo = 1
     malformed = False
     for i, (lo, hi, k_i) in enumerate(schedule):
-        entry = f"{SCHEDULE_FIELD}[{i}] [{lo}, {hi}, {k_i}]"
+        entry = f"{field}[{i}] [{lo}, {hi}, {k_i}]"
         if lo < 1 or hi < lo:
             malformed = True  # then the coverage check below would only repeat this line
             problems.append(Problem("error", f"{entry}: a range needs 1 <= lo <= hi (batch sizes are inclusive)"))
@@ -178,7 +180,7 @@ def check_schedule(schedule: list[tuple[int, int, int]], k: int, max_num_seqs: i
                                              "vLLM would silently cap it"))
         expected_lo = max(expected_lo, hi + 1)
     if expected_lo <= max_num_seqs and not malformed:
-        problems.append(Problem("error", f"{SCHEDULE_FIELD}: the ranges end at {expected_lo - 1} but {where} is "
+        problems.append(Problem("error", f"{field}: the ranges end at {expected_lo - 1} but {where} is "
                                          f"{max_num_seqs}; extend the last range to {max_num_seqs}"))
     return problems
 

@@ -31,6 +31,7 @@ from dynamo_spec.bench import report
 from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from dynamo_spec.settings import SCHEDULE_KEYS
 
 SCHEDULE_KEY = "speculative.num_speculative_tokens_per_batch_size"
 
@@ -150,8 +151,12 @@ def _server_overrides(k: int | None, schedule: list[list[int]] | None) -> list[s
     return out + ["--" + SCHEDULE_KEY, json.dumps(schedule) if schedule else "null"]
 
 
-def write_schedule_config(config: Path, schedule: list[list[int]], out: Path) -> Path:
-    """The benchmarked config with the derived schedule; paths rebased to the new file's folder."""
+def write_schedule_config(config: Path, schedule: list[list[int]], out: Path, dtype: str = "default") -> Path:
+    """The benchmarked config with the derived schedule; paths rebased to the new file's folder.
+
+    A config with a schedule per dtype keeps its other hosts' entries: the derived schedule
+    replaces the entry for `dtype`, the dtype the engine ran in here.
+    """
     data = yaml.safe_load(config.read_text()) or {}
     base = config.parent.resolve()
 
@@ -168,8 +173,16 @@ def write_schedule_config(config: Path, schedule: list[list[int]], out: Path) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     data = rebase(data)
     spec = data.setdefault("speculative", {})
-    top = max(k for _, _, k in schedule)
-    if top == 0:
+    per_dtype = spec.get("num_speculative_tokens_per_batch_size")
+    if isinstance(per_dtype, dict):
+        key = dtype if dtype in SCHEDULE_KEYS else "default"
+        per_dtype = {**per_dtype, key: schedule}
+        top = max(k for entry in per_dtype.values() for _, _, k in entry)
+        spec["enabled"] = top > 0
+        if top:
+            spec["num_speculative_tokens"] = top
+        spec["num_speculative_tokens_per_batch_size"] = per_dtype
+    elif (top := max(k for _, _, k in schedule)) == 0:
         spec["enabled"] = False
         spec.pop("num_speculative_tokens_per_batch_size", None)
     else:
@@ -180,7 +193,7 @@ def write_schedule_config(config: Path, schedule: list[list[int]], out: Path) ->
         else:
             spec["num_speculative_tokens_per_batch_size"] = schedule
     out.write_text(f"# Written by dynamo-spec bench from {config.name}; schedule derived on "
-                   f"{host_info('-')['cpu_model']}.\n" + yaml.safe_dump(data, sort_keys=False))
+                   f"{host_info('-')['cpu_model']} ({dtype}).\n" + yaml.safe_dump(data, sort_keys=False))
     return out
 
 
@@ -266,7 +279,8 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
             if name == report.SCHEDULE:
                 choice = report.choose_k(result["columns"], ks, concurrencies, args.margin)
                 schedule = report.schedule_from_choice(choice, max_batch)
-                config_file = write_schedule_config(config, schedule, args.out / "config-with-schedule.yaml")
+                config_file = write_schedule_config(config, schedule, args.out / "config-with-schedule.yaml",
+                                                    result["host"]["dtype"])
                 result["derived"] = {"choice": {str(c): k for c, k in choice.items()}, "schedule": schedule,
                                      "margin": args.margin, "config_file": str(config_file)}
                 top = max(k for _, _, k in schedule)

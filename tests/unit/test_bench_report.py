@@ -105,12 +105,19 @@ def test_prompt_files_accept_messages_or_prompt_and_reject_the_rest(tmp_path):
 
 
 def test_written_schedule_config_keeps_its_paths_and_passes_preflight(repo_root, tmp_path):
+    import yaml
+
     from dynamo_spec.bench.run import write_schedule_config
     from dynamo_spec.config_loader import load_settings
 
-    original = repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml"
+    # The shipped CPU config with one schedule for every host (paths relative to the file).
+    data = yaml.safe_load((repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml").read_text())
+    data["speculative"]["num_speculative_tokens_per_batch_size"] = [[1, 2, 4], [3, 128, 0]]
+    original = tmp_path / "configs" / "one-schedule.yaml"
+    original.parent.mkdir()
+    original.write_text(yaml.safe_dump(data))
     schedule = [[1, 2, 2], [3, 128, 0]]
-    written = write_schedule_config(original, schedule, tmp_path / "deep" / "config-with-schedule.yaml")
+    written = write_schedule_config(original, schedule, tmp_path / "deep" / "config-with-schedule.yaml", "float32")
     before = load_settings(original, [], {}).settings
     after = load_settings(written, [], {}).settings
     assert after.engine.model == before.engine.model and after.speculative.model == before.speculative.model
@@ -122,6 +129,25 @@ def test_written_schedule_config_keeps_its_paths_and_passes_preflight(repo_root,
         write_schedule_config(original, [[1, 128, 2]], tmp_path / "one.yaml"), [], {}).settings.speculative.model_fields_set
     assert load_settings(write_schedule_config(original, [[1, 128, 0]], tmp_path / "off.yaml"), [], {}
                          ).settings.speculative.enabled is False
+
+
+def test_written_schedule_replaces_only_this_hosts_entry_of_a_schedule_per_dtype(repo_root, tmp_path):
+    from dynamo_spec.bench.run import write_schedule_config
+    from dynamo_spec.config_loader import load_settings
+
+    shipped = repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml"
+    entries = load_settings(shipped, [], {}).settings.speculative.num_speculative_tokens_per_batch_size
+    assert isinstance(entries, dict) and "float32" in entries
+    written = write_schedule_config(shipped, [[1, 128, 0]], tmp_path / "w.yaml", "float32")
+    assert "(float32)" in written.read_text().splitlines()[0]
+    spec = load_settings(written, [], {}).settings.speculative
+    # Speculation stays on for the other hosts; the top k covers every entry.
+    assert spec.enabled and spec.num_speculative_tokens_per_batch_size == {**entries, "float32": [(1, 128, 0)]}
+    assert spec.num_speculative_tokens == max(k for entry in entries.values() if entry is not entries["float32"]
+                                              for _, _, k in entry)
+    # On a host without a dtype key of its own (e.g. auto on a GPU) the derived schedule is the default.
+    assert load_settings(write_schedule_config(shipped, [[1, 128, 1]], tmp_path / "g.yaml", "auto"), [], {}
+                         ).settings.speculative.num_speculative_tokens_per_batch_size["default"] == [(1, 128, 1)]
 
 
 def test_reported_preloads_carry_no_local_paths(monkeypatch):

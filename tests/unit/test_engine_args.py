@@ -33,12 +33,23 @@ def test_gpu_default_mirrors_the_dynamo_guide(repo_root):
     }
 
 
-def test_cpu_default(repo_root):
+BF16_SCHEDULE = [[1, 1, 4], [2, 2, 2], [3, 22, 1], [23, 128, 0]]  # run 12, Xeon with AMX
+FP32_SCHEDULE = [[1, 5, 2], [6, 11, 1], [12, 128, 0]]  # run 13, AVX2-only EPYC
+
+
+@pytest.mark.parametrize("flags, dtype, schedule", [
+    (frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}), "bfloat16", BF16_SCHEDULE),
+    (frozenset({"avx2", "fma"}), "float32", FP32_SCHEDULE),
+])
+def test_cpu_default(repo_root, flags, dtype, schedule):
+    from dynamo_spec.host import Host
+
     settings = load_settings(repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", [], {}).settings
-    assert engine_kwargs(settings) == {
+    host = Host(on_cpu=True, cpu_model="test", cpu_flags=flags, environ={})
+    assert engine_kwargs(settings, host) == {
         "model": str(repo_root / ".cache/models/SmolLM2-135M-Instruct"),
         "served_model_name": ["SmolLM2-135M-Instruct"],
-        "dtype": "auto",  # resolved per host at start-up (tests/unit/test_host.py)
+        "dtype": dtype,  # auto, resolved for the host (tests/unit/test_host.py)
         "max_model_len": 2048,
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
@@ -51,7 +62,7 @@ def test_cpu_default(repo_root):
             "method": "eagle3",
             "model": str(repo_root / "models/smollm2-135m-instruct-eagle3"),
             "num_speculative_tokens": 4,
-            "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 2, 2], [3, 22, 1], [23, 128, 0]],
+            "num_speculative_tokens_per_batch_size": schedule,  # the entry for the host's dtype
             "use_local_argmax_reduction": True,
         },
         "per_request_spec_decode_metrics": "summary",
@@ -82,10 +93,11 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     settings = load_settings(repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", overrides, {}).settings
     args = build_engine_args(settings)
     assert type(args).__name__ == "AsyncEngineArgs"
-    assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 4,
-                                       "num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 2, 2], [3, 22, 1], [23, 128, 0]],
-                                       "use_local_argmax_reduction": True}
     assert args.dtype in ("bfloat16", "float32")  # auto, resolved for this host
+    assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 4,
+                                       "num_speculative_tokens_per_batch_size":
+                                           BF16_SCHEDULE if args.dtype == "bfloat16" else FP32_SCHEDULE,
+                                       "use_local_argmax_reduction": True}
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
 
 
@@ -113,3 +125,38 @@ def test_schedule_reaches_the_speculative_config(repo_root):
     ).settings
     assert engine_kwargs(settings)["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
         [1, 2, 3], [3, 128, 0]]
+
+
+def test_a_schedule_per_dtype_applies_the_entry_for_the_dtype_the_engine_runs_in(repo_root):
+    from dynamo_spec.engine_args import schedule_for
+    from dynamo_spec.host import Host
+
+    per_dtype = '{"bfloat16": [[1, 2, 3], [3, 128, 0]], "float32": [[1, 1, 2], [2, 128, 0]]}'
+    settings = load_settings(repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml",
+                             ["--speculative.num_speculative_tokens_per_batch_size", per_dtype], {}).settings
+    amx = Host(on_cpu=True, cpu_model="t", cpu_flags=frozenset({"avx512f", "amx_bf16"}), environ={})
+    avx2 = Host(on_cpu=True, cpu_model="t", cpu_flags=frozenset({"avx2"}), environ={})
+    for host, dtype, schedule in ((amx, "bfloat16", [[1, 2, 3], [3, 128, 0]]),
+                                  (avx2, "float32", [[1, 1, 2], [2, 128, 0]])):
+        kwargs = engine_kwargs(settings, host)
+        assert kwargs["dtype"] == dtype
+        assert kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] == schedule
+    # An explicit dtype picks its entry on any host ("float" is vLLM's alias of float32).
+    explicit = settings.model_copy(update={"engine": settings.engine.model_copy(update={"dtype": "float"})})
+    assert engine_kwargs(explicit, amx)["speculative_config"]["num_speculative_tokens_per_batch_size"] == [
+        [1, 1, 2], [2, 128, 0]]
+    # No entry for the dtype: `default` if given, else a fixed k (no schedule reaches vLLM).
+    assert schedule_for(settings, "float16") == (
+        None, "no entry for float16 and no default: a fixed k of speculative.num_speculative_tokens")
+    assert "num_speculative_tokens_per_batch_size" not in speculative_config_for(settings, "float16")
+    with_default = load_settings(repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml",
+                                 ["--speculative.num_speculative_tokens_per_batch_size",
+                                  '{"default": [[1, 128, 1]], "float32": [[1, 128, 2]]}'], {}).settings
+    assert schedule_for(with_default, "float16") == ([(1, 128, 1)], "the default entry (no float16 entry)")
+    assert schedule_for(with_default, "float32") == ([(1, 128, 2)], "the float32 entry (the engine runs in float32)")
+
+
+def speculative_config_for(settings, dtype):
+    from dynamo_spec.engine_args import speculative_config
+
+    return speculative_config(settings, dtype)

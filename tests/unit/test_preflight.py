@@ -272,3 +272,32 @@ def test_tensor_parallel_must_split_the_heads(pair):
     edit(draft, num_attention_heads=6, vocab_size=576, draft_vocab_size=100)
     problems = [p for p in check(target, draft, "--engine.tensor_parallel_size", "3") if "split evenly" in p]
     assert len(problems) == 1 and "128 vocabulary rows" in problems[0] and str(draft) in problems[0], problems
+
+
+def test_a_schedule_per_dtype_is_checked_entry_by_entry(pair):
+    target, draft, _ = pair
+    good = '{"bfloat16": [[1, 2, 3], [3, 128, 0]], "float32": [[1, 128, 1]]}'
+    assert check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", good) == []
+    bad = '{"bfloat16": [[1, 2, 3], [3, 128, 0]], "float32": [[1, 4, 1], [4, 128, 0]]}'
+    error = only_error(check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", bad))
+    assert error.startswith("error: speculative.num_speculative_tokens_per_batch_size.float32[1] [4, 128, 0]: "
+                            "overlaps or is out of order"), error
+
+
+def test_a_schedule_per_dtype_names_an_unknown_dtype(pair, tmp_path):
+    from dynamo_spec.config_loader import ConfigError
+
+    target, draft, _ = pair
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "engine": {"model": str(target)},
+        "speculative": {"model": str(draft), "num_speculative_tokens_per_batch_size": {"fp32": [[1, 128, 1]]}},
+    }))
+    with pytest.raises(ConfigError) as err:
+        load_settings(config, [], {})
+    # The file and the line of the key, the field with the unknown key.
+    assert f"{config}:6: speculative.num_speculative_tokens_per_batch_size.fp32: Input should be 'bfloat16', " \
+           "'float16', 'float32' or 'default'" in str(err.value), str(err.value)
+    with pytest.raises(ConfigError, match=r"cli: speculative.num_speculative_tokens_per_batch_size.float32.0.2: "
+                                          r"missing item$"):
+        check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", '{"float32": [[1, 2]]}')
