@@ -88,11 +88,12 @@ def _check_passthrough(extra: dict[str, Any], known: frozenset[str], typed: set[
 # resolved dtype (what `engine.dtype: auto` picks from the CPU) to a schedule, `default` for
 # any other; the tags name the two forms (config errors leave them out of field names).
 Schedule = list[tuple[int, int, int]]
-SCHEDULE_KEYS = ("bfloat16", "float16", "float32", "default")
+ScheduleKey = Literal["bfloat16", "float16", "float32", "default"]
+SCHEDULE_KEYS: tuple[str, ...] = typing.get_args(ScheduleKey)
 SCHEDULE_TAGS = ("union-schedule", "union-by-dtype")
 ScheduleSetting = Annotated[
     Annotated[Schedule, Tag(SCHEDULE_TAGS[0])]
-    | Annotated[dict[Literal["bfloat16", "float16", "float32", "default"], Schedule], Tag(SCHEDULE_TAGS[1])],
+    | Annotated[dict[ScheduleKey, Schedule], Tag(SCHEDULE_TAGS[1])],
     Discriminator(lambda v: SCHEDULE_TAGS[1] if isinstance(v, dict) else SCHEDULE_TAGS[0]),
 ]
 
