@@ -2,10 +2,13 @@
 
     python -m benchmarks.runtime_options --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
         [--variants none,tcmalloc,iomp,both] [--k 0,3] [--concurrency 1,4] [--rounds 2]
+        [--cells default:0,default:2,default:config,nst2:config]
 
 Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
 binding) and/or config overrides; every (variant, k) gets its own server, and the
-rounds alternate the order. The load is the bench's (streaming chat, openai client,
+rounds alternate the order. k=config runs the config's own speculative settings (its
+batch-size schedule); `--cells` names the (variant, k) pairs instead of every pair of
+--variants and --k. The load is the bench's (streaming chat, openai client,
 greedy, judge prompts). Prints the median output tokens/s per cell.
 """
 
@@ -57,6 +60,10 @@ def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
     out["eager"] = ({}, ["--engine.enforce_eager", "true"])
+    # The CPU default's float32 schedule with num_speculative_tokens lowered to its largest k
+    # (the shipped config keeps 4 for the bfloat16 entry's k=4).
+    out["nst2"] = ({}, ["--speculative.num_speculative_tokens", "2",
+                        "--speculative.num_speculative_tokens_per_batch_size", "[[1,5,2],[6,11,1],[12,128,0]]"])
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
     out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])
@@ -97,33 +104,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--variants", default="none,tcmalloc,iomp,both")
-    parser.add_argument("--k", default="0,3")
+    parser.add_argument("--k", default="0,3", help="k per server; 0: speculation off; config: the config's own")
+    parser.add_argument("--cells", default=None, help="variant:k pairs to run instead of every variant with every k")
     parser.add_argument("--concurrency", default="1,4")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("runs/runtime-options"))
     args = parser.parse_args()
     known = variants()
-    names = [v for v in args.variants.split(",") if v]
-    missing = [v for v in names if v not in known]
+    if args.cells:
+        cells = [tuple(cell.split(":", 1)) for cell in args.cells.split(",") if cell]
+    else:
+        cells = [(name, k) for name in args.variants.split(",") if name for k in args.k.split(",")]
+    missing = sorted({name for name, _ in cells if name not in known})
     if missing:
         raise SystemExit(f"unknown or unavailable variants: {missing} (available: {sorted(known)})")
-    ks = [int(k) for k in args.k.split(",")]
     cs = [int(c) for c in args.concurrency.split(",")]
     plan = {}
-    for name in names:
+    for name, k in cells:
         env, overrides = known[name]
-        for k in ks:
-            spec = (["--speculative.enabled", "false"] if k == 0 else
-                    ["--speculative.num_speculative_tokens", str(k),
-                     "--speculative.num_speculative_tokens_per_batch_size", "null"])  # a fixed k
-            plan[f"{name}-k{k}"] = (env, [*overrides, *spec])
+        spec = ([] if k == "config" else ["--speculative.enabled", "false"] if int(k) == 0 else
+                ["--speculative.num_speculative_tokens", k,
+                 "--speculative.num_speculative_tokens_per_batch_size", "null"])  # a fixed k
+        plan[f"{name}-k{k}"] = (env, [*overrides, *spec])
     results = alternate(args.config, plan, cs, args.rounds, args.max_tokens, args.out)
-    print("\n| variant | " + " | ".join(f"k={k} c={c}" for k in ks for c in cs) + " |")
-    print("|---|" + "---|" * (len(ks) * len(cs)))
-    for name in names:
-        cells = [statistics.median(run[c] for run in results[f"{name}-k{k}"]) for k in ks for c in cs]
-        print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in cells) + " |")
+    print("\n| server | " + " | ".join(f"c={c}" for c in cs) + " |")
+    print("|---|" + "---|" * len(cs))
+    for label, runs in results.items():
+        print(f"| {label} | " + " | ".join(f"{statistics.median(run[c] for run in runs):.1f}" for c in cs) + " |")
 
 
 if __name__ == "__main__":
