@@ -113,12 +113,15 @@ def main() -> None:
     args = parser.parse_args()
     known = variants()
     if args.cells:
-        cells = [tuple(cell.split(":", 1)) for cell in args.cells.split(",") if cell]
+        cells = [(cell.partition(":")[0], cell.partition(":")[2]) for cell in args.cells.split(",") if cell]
     else:
         cells = [(name, k) for name in args.variants.split(",") if name for k in args.k.split(",")]
     missing = sorted({name for name, _ in cells if name not in known})
     if missing:
         raise SystemExit(f"unknown or unavailable variants: {missing} (available: {sorted(known)})")
+    bad = [f"{name}:{k}" for name, k in cells if k != "config" and not k.isdigit()]
+    if bad:
+        raise SystemExit(f"each cell is variant:k with k a number or 'config': {bad}")
     cs = [int(c) for c in args.concurrency.split(",")]
     plan = {}
     for name, k in cells:
