@@ -2,7 +2,7 @@
 
     python -m benchmarks.runtime_options --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
         [--variants none,tcmalloc,iomp,both] [--k 0,3] [--concurrency 1,4] [--rounds 2]
-        [--cells default:0,default:2,default:config,nst2:config]
+        [--cells default:0,default:2,default:config,nst-max:config]
 
 Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
 binding) and/or config overrides; every (variant, k) gets its own server, and the
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
+import json
 import os
 import statistics
 import sys
@@ -26,6 +27,8 @@ from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.config_loader import load_settings
+from dynamo_spec.engine_args import schedule_for
+from dynamo_spec.host import detect_host, resolve_dtype
 
 
 def find_lib(patterns: list[str]) -> str | None:
@@ -36,7 +39,7 @@ def find_lib(patterns: list[str]) -> str | None:
     return None
 
 
-def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
+def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     prefix = sys.prefix
     tcmalloc = find_lib(["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/*/libtcmalloc_minimal.so*",
                          f"{prefix}/lib/python3*/site-packages/*/libtcmalloc*.so*"])
@@ -60,10 +63,14 @@ def variants() -> dict[str, tuple[dict[str, str], list[str]]]:
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
     out["eager"] = ({}, ["--engine.enforce_eager", "true"])
-    # The CPU default's float32 schedule with num_speculative_tokens lowered to its largest k
-    # (the shipped config keeps 4 for the bfloat16 entry's k=4).
-    out["nst2"] = ({}, ["--speculative.num_speculative_tokens", "2",
-                        "--speculative.num_speculative_tokens_per_batch_size", "[[1,5,2],[6,11,1],[12,128,0]]"])
+    # The schedule that applies on this host with num_speculative_tokens lowered to its largest k
+    # (a config with a schedule per dtype keeps the largest k of all entries).
+    settings = load_settings(config).settings
+    schedule, _ = schedule_for(settings, resolve_dtype(settings.engine.dtype, detect_host())[0])
+    if schedule and (top := max(k for _, _, k in schedule)):
+        out["nst-max"] = ({}, ["--speculative.num_speculative_tokens", str(top),
+                               "--speculative.num_speculative_tokens_per_batch_size",
+                               json.dumps([list(e) for e in schedule])])
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
     out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])
@@ -111,7 +118,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("runs/runtime-options"))
     args = parser.parse_args()
-    known = variants()
+    known = variants(args.config)
     if args.cells:
         cells = [(cell.partition(":")[0], cell.partition(":")[2]) for cell in args.cells.split(",") if cell]
     else:
