@@ -60,6 +60,8 @@ def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     out["bind-auto"] = ({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, [])
     out["stream4"] = ({}, ["--engine.extra.stream_interval", "4"])  # fewer, larger stream chunks
     out["inproc"] = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [])  # EngineCore inside the API process
+    # vLLM's plain CPU platform (oneDNN GEMMs) where the default is its Zen platform (AMD CPUs; zen_platform.py).
+    out["onednn"] = ({"DYNAMO_SPEC_ZENTORCH": "0"}, [])
     out["fp32"] = ({}, ["--engine.dtype", "float32"])
     out["compiled"] = ({}, ["--engine.enforce_eager", "false"])
     out["eager"] = ({}, ["--engine.enforce_eager", "true"])

@@ -33,7 +33,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
-        logger.info("engine.dtype: %s (%s; CPU: %s)", dtype, why, host.cpu_model)
+        logger.info("engine.dtype: %s (%s; CPU: %s; vLLM platform: %s)", dtype, why, host.cpu_model, host.platform)
     schedule, schedule_why = schedule_for(settings, dtype)
     if schedule_why and settings.speculative.enabled:
         logger.info("speculative.num_speculative_tokens_per_batch_size: %s (%s)",

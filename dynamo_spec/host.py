@@ -32,6 +32,7 @@ class Host:
     cpu_model: str
     cpu_flags: frozenset[str]
     environ: Mapping[str, str]
+    platform: str = ""  # vLLM's platform class, e.g. CpuPlatform, ZenCpuPlatform (dynamo_spec/zen_platform.py)
 
     @property
     def native_bf16(self) -> tuple[bool, str]:
@@ -55,6 +56,12 @@ def on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
+def platform_name() -> str:
+    from vllm.platforms import current_platform
+
+    return type(current_platform).__name__
+
+
 def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, frozenset[str]]:
     """(model name, flags) of the first CPU in /proc/cpuinfo; ("unknown", {}) elsewhere."""
     model, flags = "unknown", frozenset()
@@ -75,7 +82,7 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, frozenset[str]
 @functools.cache
 def detect_host() -> Host:
     model, flags = cpu_info()
-    return Host(on_cpu=on_cpu(), cpu_model=model, cpu_flags=flags, environ=dict(os.environ))
+    return Host(on_cpu=on_cpu(), cpu_model=model, cpu_flags=flags, environ=dict(os.environ), platform=platform_name())
 
 
 def resolve_dtype(requested: str, host: Host) -> tuple[str, str | None]:

