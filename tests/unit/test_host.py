@@ -122,3 +122,21 @@ def test_amd_cpu_from_cpuinfo(tmp_path):
     assert zen_platform.is_amd_cpu(tmp_path / "amd")
     assert not zen_platform.is_amd_cpu(tmp_path / "intel")
     assert not zen_platform.is_amd_cpu(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("dtype, flags, works", [
+    ("float32", AVX2, True), ("float32", AVX512_BF16, True),
+    ("bfloat16", AVX2, False),  # zentorch raises: its bf16 path needs avx512bf16
+    ("bfloat16", AVX512_BF16, True),
+    ("float16", AVX512_BF16, False),  # no fp16 compute on AMD CPUs
+])
+def test_zentorch_gemms_only_for_the_dtypes_they_compute(dtype, flags, works):
+    import torch
+
+    assert zen_platform.zen_gemm_works(getattr(torch, dtype), host(flags)) is works
+
+
+def test_a_bf16_isa_cap_turns_zentorch_bf16_off():
+    import torch
+
+    assert not zen_platform.zen_gemm_works(torch.bfloat16, host(AVX512_BF16, ONEDNN_MAX_CPU_ISA="AVX2"))
