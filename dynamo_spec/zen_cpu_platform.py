@@ -7,7 +7,7 @@ import os
 
 from vllm.platforms.zen_cpu import ZenCpuPlatform
 
-from dynamo_spec.host import Host, cpu_info
+from dynamo_spec.host import detect_host
 from dynamo_spec.zen_platform import ENV, zen_gemm_works
 
 
@@ -25,9 +25,7 @@ class CheckedZenCpuPlatform(ZenCpuPlatform):
         model_config = getattr(vllm_config, "model_config", None)
         if model_config is None:
             return
-        model, flags = cpu_info()
-        works = zen_gemm_works(model_config.dtype, Host(on_cpu=True, cpu_model=model, cpu_flags=flags,
-                                                        environ=dict(os.environ)))
+        works = zen_gemm_works(model_config.dtype, detect_host())
         cls.zen_gemm = works
         # The engine's processes, started after this, resolve their platform from the environment.
         # This platform is active, so the variable was not "0" when it was chosen: a "0" now is ours.

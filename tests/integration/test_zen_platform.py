@@ -17,10 +17,15 @@ pytestmark = pytest.mark.integration
 PROBE = "from vllm.platforms import current_platform; print('PLATFORM', type(current_platform).__name__)"
 
 
+def environment(**env: str) -> dict[str, str]:
+    """This environment without the two variables that decide the platform, plus `env`."""
+    kept = {k: v for k, v in os.environ.items() if k not in ("DYNAMO_SPEC_ZENTORCH", "VLLM_TARGET_DEVICE")}
+    return {**kept, **env}
+
+
 def resolved(**env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k not in ("DYNAMO_SPEC_ZENTORCH", "VLLM_TARGET_DEVICE")}
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
-                          env={**environ, **env})
+                          env=environment(**env))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("PLATFORM ")]
     assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
     return lines[-1].split()[1]
@@ -60,9 +65,8 @@ ZEN_GEMM_LINE = "CPU unquantized GEMM dispatch: using zentorch_linear_unary"
 
 
 def run_engine(target: str, dtype: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k not in ("DYNAMO_SPEC_ZENTORCH", "VLLM_TARGET_DEVICE")}
     proc = subprocess.run([sys.executable, "-c", PROBE_ENGINE, target, dtype], capture_output=True, text=True,
-                          timeout=600, env={**environ, "VLLM_LOGGING_LEVEL": "DEBUG", **env})
+                          timeout=600, env=environment(VLLM_LOGGING_LEVEL="DEBUG", **env))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "TOKENS [8, 8]" in proc.stdout, log[-4000:]
     return log
