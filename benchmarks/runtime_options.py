@@ -2,20 +2,23 @@
 
     python -m benchmarks.runtime_options --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
         [--variants none,tcmalloc,iomp,both] [--k 0,3] [--concurrency 1,4] [--rounds 2]
-        [--cells default:0,default:2,default:config,nst-max:config]
+        [--cells default:0,default:2,default:config,nst-max:config] [--interleave]
 
 Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
 binding) and/or config overrides; every (variant, k) gets its own server, and the
 rounds alternate the order. k=config runs the config's own speculative settings (its
 batch-size schedule); `--cells` names the (variant, k) pairs instead of every pair of
 --variants and --k. The load is the bench's (streaming chat, openai client,
-greedy, judge prompts). Prints the median output tokens/s per cell.
+greedy, judge prompts). Prints the median output tokens/s per cell and the median of
+its per-round ratios to the first cell. With --interleave every server is up at once
+and they take turns cell by cell, which cancels a host's drift over minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -79,8 +82,10 @@ def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     return out
 
 
-async def measure(url: str, model: str, items: list[dict], concurrency: list[int], max_tokens: int) -> dict[int, float]:
-    await run_cell(url, model, items, concurrency=2, requests=4, max_tokens=16, temperature=0)
+async def measure(url: str, model: str, items: list[dict], concurrency: list[int], max_tokens: int,
+                  warm: bool = True) -> dict[int, float]:
+    if warm:
+        await run_cell(url, model, items, concurrency=2, requests=4, max_tokens=16, temperature=0)
     out = {}
     for c in concurrency:
         cell = await run_cell(url, model, items, concurrency=c, requests=max(8, 4 * c), max_tokens=max_tokens,
@@ -109,6 +114,36 @@ def alternate(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], c
     return results
 
 
+def interleave(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], concurrency: list[int],
+               rounds: int, max_tokens: int, out: Path) -> dict[str, list[dict[int, float]]]:
+    """Every plan entry's server up at once; each round runs each concurrency on each server
+    in turn (the order reversed every other round). The servers take turns every few
+    seconds, so a host whose speed drifts over minutes (a shared VM) moves them alike;
+    `alternate` restarts them minutes apart. Needs the memory of all servers at once."""
+    model = load_settings(config).settings.served_model_name
+    items = split(load_sets())[1]
+    results: dict[str, list[dict[int, float]]] = {label: [] for label in plan}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for label, (env, overrides) in plan.items():  # one start at a time: a compile takes both cores
+            port = free_port()
+            servers[label] = stack.enter_context(ManagedServer(serve_command(config, port, overrides), port,
+                                                               out / f"{label}.log", env={**os.environ, **env}))
+            asyncio.run(measure(servers[label].url, model, items, [], max_tokens))  # warm-up only
+        for r in range(rounds):
+            order = list(plan) if r % 2 == 0 else list(plan)[::-1]
+            got: dict[str, dict[int, float]] = {label: {} for label in plan}
+            for c in concurrency:
+                for label in order:
+                    got[label].update(asyncio.run(measure(servers[label].url, model, items, [c], max_tokens,
+                                                          warm=False)))
+            for label in plan:
+                results[label].append(got[label])
+                print(f"round {r} {label}: " + ", ".join(f"c={c} {t:.1f} tok/s" for c, t in got[label].items()),
+                      flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
@@ -119,6 +154,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("runs/runtime-options"))
+    parser.add_argument("--interleave", action="store_true",
+                        help="all servers up at once, taking turns every cell (a noisy host; needs their memory)")
     args = parser.parse_args()
     known = variants(args.config)
     if args.cells:
@@ -139,11 +176,16 @@ def main() -> None:
                 ["--speculative.num_speculative_tokens", k,
                  "--speculative.num_speculative_tokens_per_batch_size", "null"])  # a fixed k
         plan[f"{name}-k{k}"] = (env, [*overrides, *spec])
-    results = alternate(args.config, plan, cs, args.rounds, args.max_tokens, args.out)
-    print("\n| server | " + " | ".join(f"c={c}" for c in cs) + " |")
+    results = (interleave if args.interleave else alternate)(args.config, plan, cs, args.rounds, args.max_tokens,
+                                                             args.out)
+    first = next(iter(results))
+    print("\n| server | " + " | ".join(f"c={c} tok/s (x {first})" for c in cs) + " |")
     print("|---|" + "---|" * len(cs))
     for label, runs in results.items():
-        print(f"| {label} | " + " | ".join(f"{statistics.median(run[c] for run in runs):.1f}" for c in cs) + " |")
+        cells = [f"{statistics.median(run[c] for run in runs):.1f} "
+                 f"({statistics.median(run[c] / base[c] for run, base in zip(runs, results[first])):.2f}x)"
+                 for c in cs]
+        print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,139 @@
+"""What a batch-size schedule costs at the same k, engines side by side, interleaved.
+
+    python -m benchmarks.schedule_cost --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
+        [--variants fixed2,sched4,sched2] [--concurrency 1] [--rounds 6] [--prompts 6]
+
+Every variant is its own vLLM engine (AsyncLLM, the server's engine, multiprocess), all
+started in this process and kept up; then each round runs the same greedy requests on
+each engine in turn (order reversed every other round). Through-the-server runs on a
+noisy 2-core host move by 10-45 % between servers started minutes apart; here the
+engines take turns every few seconds, so host drift hits them alike and the per-round
+ratio isolates the engine. Engine steps are counted as streamed deltas: equal counts
+and equal text mean the drafts were the same, so a rate difference is per-step cost.
+
+Variants (k for one request is 2 in each):
+    fixed2: num_speculative_tokens 2, no schedule
+    sched4: num_speculative_tokens 4, schedule [[1, 128, 2]] (the shipped float32
+            schedule's k at 1-5 requests, with the shipped num_speculative_tokens)
+    sched2: num_speculative_tokens 2, schedule [[1, 128, 2]]
+    k0:     speculation off
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from dynamo_spec.bench.prompts import load_sets, split
+from dynamo_spec.config_loader import load_settings
+from dynamo_spec.engine import open_engine
+
+VARIANTS: dict[str, list[str]] = {
+    "fixed2": ["--speculative.num_speculative_tokens", "2",
+               "--speculative.num_speculative_tokens_per_batch_size", "null"],
+    "sched4": ["--speculative.num_speculative_tokens", "4",
+               "--speculative.num_speculative_tokens_per_batch_size", "[[1,128,2]]"],
+    "sched2": ["--speculative.num_speculative_tokens", "2",
+               "--speculative.num_speculative_tokens_per_batch_size", "[[1,128,2]]"],
+    "fixed4": ["--speculative.num_speculative_tokens", "4",
+               "--speculative.num_speculative_tokens_per_batch_size", "null"],
+    "k0": ["--speculative.enabled", "false"],
+}
+
+
+async def one(engine, prompt: str, max_tokens: int) -> tuple[list[int], int]:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+    tokens: list[int] = []
+    steps = 0
+    async for out in engine.generate(prompt, params, request_id=uuid.uuid4().hex):
+        new = out.outputs[0].token_ids
+        if new:
+            steps += 1
+            tokens.extend(new)
+    return tokens, steps
+
+
+async def run(engine, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[float, int, int, list]:
+    queue = list(prompts)
+    outputs: list = []
+    steps = 0
+
+    async def client() -> None:
+        nonlocal steps
+        while queue:
+            tokens, s = await one(engine, queue.pop(0), max_tokens)
+            outputs.append(tokens)
+            steps += s
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return wall, sum(len(t) for t in outputs), steps, outputs
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    names = [n for n in args.variants.split(",") if n]
+    base = load_settings(args.config).settings
+    tokenizer = AutoTokenizer.from_pretrained(base.engine.model)
+    items = split(load_sets())[1][: args.prompts]
+    prompts = [tokenizer.apply_chat_template(i["messages"], tokenize=False, add_generation_prompt=True) for i in items]
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {}
+        for name in names:
+            settings = load_settings(args.config, VARIANTS[name] + args.override).settings
+            t0 = time.perf_counter()
+            engines[name] = await stack.enter_async_context(open_engine(settings))
+            print(f"{name}: ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        for engine in engines.values():  # warm-up (compiles the shapes these loads hit)
+            for c in concurrency:
+                await run(engine, prompts[:max(2, c)], c, 16)
+        rates: dict[tuple[str, int], list[float]] = {}
+        steps_seen: dict[tuple[str, int], int] = {}
+        texts: dict[tuple[str, int], list] = {}
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for c in concurrency:
+                for name in order:
+                    wall, tokens, steps, outs = await run(engines[name], prompts, c, args.max_tokens)
+                    rates.setdefault((name, c), []).append(tokens / wall)
+                    steps_seen[(name, c)] = steps
+                    texts[(name, c)] = outs
+                line = ", ".join(f"{n} {rates[(n, c)][-1]:.1f}" for n in names)
+                print(f"round {r} c={c}: tok/s {line}", flush=True)
+    ref = names[0]
+    print(f"\n| engine | c | tok/s median | ratio to {ref}: median (per round) | engine steps | same tokens as {ref} |")
+    print("|---|---|---|---|---|---|")
+    for c in concurrency:
+        for name in names:
+            ratios = [a / b for a, b in zip(rates[(name, c)], rates[(ref, c)])]
+            same = sorted(map(tuple, texts[(name, c)])) == sorted(map(tuple, texts[(ref, c)]))
+            print(f"| {name} | {c} | {statistics.median(rates[(name, c)]):.1f} | {statistics.median(ratios):.3f} "
+                  f"({', '.join(f'{x:.2f}' for x in ratios)}) | {steps_seen[(name, c)]} | {same} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--variants", default="fixed2,sched4,sched2")
+    parser.add_argument("--concurrency", default="1")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--override", nargs="*", default=[], help="config overrides for every engine")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
