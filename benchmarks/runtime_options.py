@@ -79,6 +79,8 @@ def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
     out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])
+    # vLLM's default for EAGLE: drop the last block of every prefix-cache hit (the CPU config keeps it).
+    out["block-drop"] = ({}, ["--speculative.extra.disable_eagle_block_drop", "false"])
     return out
 
 

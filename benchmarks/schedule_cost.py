@@ -4,19 +4,27 @@
         [--variants fixed2,sched4,sched2] [--concurrency 1] [--rounds 6] [--prompts 6]
 
 Every variant is its own vLLM engine (AsyncLLM, the server's engine, multiprocess), all
-started in this process and kept up; then each round runs the same greedy requests on
-each engine in turn (order reversed every other round). Through-the-server runs on a
-noisy 2-core host move by 10-45 % between servers started minutes apart; here the
+started in this process and kept up; then each round runs the same greedy requests
+(64 tokens each, EOS ignored so every engine makes the same number; --per-client requests
+per client) on each engine in turn, the order reversed every other round. Through-the-server
+runs on a noisy 2-core host move by 10-45 % between servers started minutes apart; here the
 engines take turns every few seconds, so host drift hits them alike and the per-round
 ratio isolates the engine. Engine steps are counted as streamed deltas: equal counts
 and equal text mean the drafts were the same, so a rate difference is per-step cost.
 
-Variants (k for one request is 2 in each):
-    fixed2: num_speculative_tokens 2, no schedule
+Variants:
+    fixed2: num_speculative_tokens 2, no schedule (k=2 at every batch size)
     sched4: num_speculative_tokens 4, schedule [[1, 128, 2]] (the shipped float32
             schedule's k at 1-5 requests, with the shipped num_speculative_tokens)
     sched2: num_speculative_tokens 2, schedule [[1, 128, 2]]
+    fixed4: num_speculative_tokens 4, no schedule
+    sched0: the config's num_speculative_tokens, schedule [[1, 128, 0]] (never a draft:
+            what a schedule's k=0 ranges cost against speculation off)
+    config: the config as it is (its schedule for this host)
     k0:     speculation off
+    fixed2-drop, sched0-drop, config-drop: the same with vLLM's default for EAGLE, the last
+            block of every prefix-cache hit dropped (the CPU config keeps it:
+            speculative.extra.disable_eagle_block_drop)
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.config_loader import load_settings
 from dynamo_spec.engine import open_engine
 
+NEVER = ["--speculative.num_speculative_tokens_per_batch_size", "[[1,128,0]]"]
+# vLLM's default for EAGLE: drop the last block of every prefix-cache hit (the CPU config keeps it)
+DROP = ["--speculative.extra.disable_eagle_block_drop", "false"]
 VARIANTS: dict[str, list[str]] = {
     "fixed2": ["--speculative.num_speculative_tokens", "2",
                "--speculative.num_speculative_tokens_per_batch_size", "null"],
@@ -42,8 +53,23 @@ VARIANTS: dict[str, list[str]] = {
                "--speculative.num_speculative_tokens_per_batch_size", "[[1,128,2]]"],
     "fixed4": ["--speculative.num_speculative_tokens", "4",
                "--speculative.num_speculative_tokens_per_batch_size", "null"],
+    "sched0": NEVER,
+    "config": [],
     "k0": ["--speculative.enabled", "false"],
 }
+VARIANTS.update({f"{name}-drop": [*VARIANTS[name], *DROP] for name in ("fixed2", "sched0", "config")})
+
+
+SYSTEM_RULES = ("You are a helpful assistant for a small online shop. Answer politely and briefly. "
+                "Give prices in euros, never promise delivery dates, and suggest contacting support "
+                "for refunds, damaged parcels or account problems.")
+
+
+def shared_system_prompt(words: int) -> str:
+    """A fixed system prompt of about `words` words (a prefix every request shares, as an
+    application's instructions are): what prefix caching serves from cache."""
+    rules = SYSTEM_RULES.split()
+    return " ".join(rules[i % len(rules)] for i in range(words))
 
 
 async def one(engine, prompt: str, max_tokens: int) -> tuple[list[int], int]:
@@ -62,8 +88,11 @@ async def one(engine, prompt: str, max_tokens: int) -> tuple[list[int], int]:
     return tokens, steps
 
 
-async def run(engine, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[float, int, int, list]:
-    queue = list(prompts)
+async def run(engine, prompts: list[str], concurrency: int, max_tokens: int,
+              requests: int | None = None) -> tuple[float, int, int, list]:
+    """`requests` greedy requests (default: one per prompt, else cycling over them), at most
+    `concurrency` in flight; returns (wall, output tokens, engine steps summed over requests, outputs)."""
+    queue = [prompts[i % len(prompts)] for i in range(requests or len(prompts))]
     outputs: list = []
     steps = 0
 
@@ -87,7 +116,9 @@ async def main_async(args: argparse.Namespace) -> None:
     base = load_settings(args.config).settings
     tokenizer = AutoTokenizer.from_pretrained(base.engine.model)
     items = split(load_sets())[1][: args.prompts]
-    prompts = [tokenizer.apply_chat_template(i["messages"], tokenize=False, add_generation_prompt=True) for i in items]
+    system = [{"role": "system", "content": shared_system_prompt(args.system_words)}] if args.system_words else []
+    prompts = [tokenizer.apply_chat_template(system + i["messages"], tokenize=False, add_generation_prompt=True)
+               for i in items]
     concurrency = [int(c) for c in args.concurrency.split(",")]
     async with contextlib.AsyncExitStack() as stack:
         engines = {}
@@ -106,7 +137,8 @@ async def main_async(args: argparse.Namespace) -> None:
             order = names if r % 2 == 0 else names[::-1]
             for c in concurrency:
                 for name in order:
-                    wall, tokens, steps, outs = await run(engines[name], prompts, c, args.max_tokens)
+                    wall, tokens, steps, outs = await run(engines[name], prompts, c, args.max_tokens,
+                                                          max(len(prompts), args.per_client * c))
                     rates.setdefault((name, c), []).append(tokens / wall)
                     steps_seen[(name, c)] = steps
                     texts[(name, c)] = outs
@@ -131,6 +163,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--per-client", type=int, default=4, help="requests per client (at least one per prompt)")
+    parser.add_argument("--system-words", type=int, default=0,
+                        help="prepend a shared system prompt of about this many words to every request")
     parser.add_argument("--override", nargs="*", default=[], help="config overrides for every engine")
     asyncio.run(main_async(parser.parse_args()))
 

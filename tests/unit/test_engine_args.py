@@ -64,6 +64,7 @@ def test_cpu_default(repo_root, flags, dtype, schedule):
             "num_speculative_tokens": 4,
             "num_speculative_tokens_per_batch_size": schedule,  # the entry for the host's dtype
             "use_local_argmax_reduction": True,
+            "disable_eagle_block_drop": True,
         },
         "per_request_spec_decode_metrics": "summary",
     }
@@ -97,7 +98,7 @@ def test_builds_real_engine_args(repo_root, tiny_models):
     assert args.speculative_config == {"method": "eagle3", "model": str(tiny_models["draft"]), "num_speculative_tokens": 4,
                                        "num_speculative_tokens_per_batch_size":
                                            BF16_SCHEDULE if args.dtype == "bfloat16" else FP32_SCHEDULE,
-                                       "use_local_argmax_reduction": True}
+                                       "use_local_argmax_reduction": True, "disable_eagle_block_drop": True}
     assert args.kv_cache_memory_bytes == 512 * 2**20 and args.per_request_spec_decode_metrics == "summary"
 
 
