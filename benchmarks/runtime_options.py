@@ -84,10 +84,14 @@ def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     return out
 
 
+async def warm_up(url: str, model: str, items: list[dict]) -> None:
+    await run_cell(url, model, items, concurrency=2, requests=4, max_tokens=16, temperature=0)
+
+
 async def measure(url: str, model: str, items: list[dict], concurrency: list[int], max_tokens: int,
                   warm: bool = True) -> dict[int, float]:
     if warm:
-        await run_cell(url, model, items, concurrency=2, requests=4, max_tokens=16, temperature=0)
+        await warm_up(url, model, items)
     out = {}
     for c in concurrency:
         cell = await run_cell(url, model, items, concurrency=c, requests=max(8, 4 * c), max_tokens=max_tokens,
@@ -131,7 +135,7 @@ def interleave(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], 
             port = free_port()
             servers[label] = stack.enter_context(ManagedServer(serve_command(config, port, overrides), port,
                                                                out / f"{label}.log", env={**os.environ, **env}))
-            asyncio.run(measure(servers[label].url, model, items, [], max_tokens))  # warm-up only
+            asyncio.run(warm_up(servers[label].url, model, items))
         for r in range(rounds):
             order = list(plan) if r % 2 == 0 else list(plan)[::-1]
             got: dict[str, dict[int, float]] = {label: {} for label in plan}
