@@ -75,20 +75,33 @@ def rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | N
     return cell["output_tokens_per_s"] if cell else None
 
 
+def reference_rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
+    """The k=0 rate a column is compared with: the k=0 cell measured alongside it (servers
+    interleaved: `reference` cells), else the k=0 column (servers one after another)."""
+    cell = columns.get(name, {}).get("reference", {}).get(split, {}).get(str(c))
+    return cell["output_tokens_per_s"] if cell else rate(columns, BASELINE, split, c)
+
+
+def speedup(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
+    r, base = rate(columns, name, split, c), reference_rate(columns, name, split, c)
+    return r / base if r is not None and base else None
+
+
 def add_speedups(columns: dict[str, Any]) -> None:
-    """speedup = output tokens/s of the cell / that of k=0 (first run) at the same concurrency and prompts."""
-    for column in columns.values():
+    """speedup = output tokens/s of the cell / that of its k=0 reference at the same concurrency and prompts."""
+    for name, column in columns.items():
         for split, cells in column["cells"].items():
             for c, cell in cells.items():
-                base = rate(columns, BASELINE, split, int(c))
-                cell["speedup"] = cell["output_tokens_per_s"] / base if base else None
+                cell["speedup"] = speedup(columns, name, split, int(c))
 
 
 def noise(columns: Mapping[str, Any], split: str = "judge") -> dict[str, float]:
-    """Run-to-run noise per concurrency: |a - b| / mean of the two k=0 runs (first and last server)."""
+    """Run-to-run noise per concurrency: |a - b| / mean of two k=0 runs: the repeat and its
+    reference (interleaved: the k=0 cells just before and after the schedule's; one after
+    another: the first and the last server)."""
     out = {}
     for c in columns.get(REPEAT, {}).get("cells", {}).get(split, {}):
-        a, b = rate(columns, BASELINE, split, int(c)), rate(columns, REPEAT, split, int(c))
+        a, b = reference_rate(columns, REPEAT, split, int(c)), rate(columns, REPEAT, split, int(c))
         if a and b:
             out[c] = abs(a - b) / ((a + b) / 2)
     return out
@@ -98,16 +111,17 @@ def choose_k(columns: Mapping[str, Any], ks: Sequence[int], concurrencies: Seque
              split: str = "derive") -> dict[int, int]:
     """Best k per concurrency on the derive prompts; k > 0 only if it beats k=0 by more than `margin`.
 
-    The k=0 it must beat is the one the schedule would give at that batch size: a speculative
-    engine at k=0 (SPEC_K0), which pays for the draft's KV pass, when that column was measured;
-    else the engine without speculation.
+    Columns are compared by speed-up against their own k=0 reference, so columns measured in
+    different groups of servers compare fairly. The k=0 a k > 0 must beat is the one the
+    schedule would give at that batch size: a speculative engine at k=0 (SPEC_K0), which pays
+    for the draft's KV pass, when that column was measured; else the engine without speculation.
     """
     choice = {}
     for c in concurrencies:
-        base = rate(columns, SPEC_K0, split, c) or rate(columns, BASELINE, split, c) or 0.0
+        base = speedup(columns, SPEC_K0, split, c) or 1.0
         best_k, best = 0, base * (1 + margin)
         for k in ks:
-            r = rate(columns, f"k={k}", split, c) if k else None
+            r = speedup(columns, f"k={k}", split, c) if k else None
             if r is not None and r > best:
                 best_k, best = k, r
         choice[c] = best_k
@@ -134,23 +148,23 @@ def schedule_from_choice(choice: Mapping[int, int], max_batch: int) -> list[list
 
 
 def verdict(columns: Mapping[str, Any], concurrencies: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
-    """Judge split: the schedule against k=0 and the best fixed k, per concurrency, within the noise."""
+    """Judge split: the schedule against k=0 and the best fixed k (by speed-up against each
+    column's k=0 reference), per concurrency, within the noise."""
     noise_by_c = noise(columns)
     rows = {}
     for c in concurrencies:
-        sched = rate(columns, SCHEDULE, "judge", c)
-        base = rate(columns, BASELINE, "judge", c)
-        fixed = {k: rate(columns, f"k={k}", "judge", c) for k in ks if k}
+        sched = speedup(columns, SCHEDULE, "judge", c)
+        fixed = {k: speedup(columns, f"k={k}", "judge", c) for k in ks if k}
         fixed = {k: r for k, r in fixed.items() if r is not None}
         best_k = max(fixed, key=fixed.get) if fixed else None
-        if base is not None and (best_k is None or base >= fixed[best_k]):
+        if best_k is None or fixed[best_k] <= 1.0:
             best_k = 0
-        best = base if best_k == 0 else fixed.get(best_k)
+        best = 1.0 if best_k == 0 else fixed[best_k]
         n = noise_by_c.get(str(c))
         row = {
-            "schedule_speedup": sched / base if sched and base else None,
+            "schedule_speedup": sched,
             "best_fixed_k": best_k,
-            "schedule_vs_best_fixed": sched / best if sched and best else None,
+            "schedule_vs_best_fixed": sched / best if sched else None,
             "noise": n,
         }
         target = TARGET_C1 if c == 1 else TARGET_HIGH if c >= 4 else None
@@ -167,9 +181,9 @@ def k0_cost(columns: Mapping[str, Any], concurrencies: Sequence[int], split: str
     """Per concurrency: 1 - (speculative engine at k=0) / (engine without speculation), tokens/s."""
     out = {}
     for c in concurrencies:
-        spec, plain = rate(columns, SPEC_K0, split, c), rate(columns, BASELINE, split, c)
-        if spec and plain:
-            out[c] = 1 - spec / plain
+        s = speedup(columns, SPEC_K0, split, c)
+        if s is not None:
+            out[c] = 1 - s
     return out
 
 
@@ -202,6 +216,20 @@ def fmt(value: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def interleaved(result: Mapping[str, Any]) -> bool:
+    return result.get("servers", {}).get("mode") == "interleaved"
+
+
+def servers_line(servers: Mapping[str, Any]) -> str:
+    if servers.get("mode") != "interleaved":
+        return ("Servers: one at a time (k=0 first and last); speed-ups against the first k=0 server. "
+                "On a host whose speed drifts, prefer --together (on CPU the default).")
+    groups = " then ".join(" + ".join(g) for g in servers["groups"])
+    return (f"Servers: a k=0 server up the whole run ({servers['reference_rss_gib']} GiB resident); beside it "
+            f"{groups}, then the schedule; they take turns cell by cell and each speed-up is against the k=0 cell "
+            "measured alongside (the k=0 row: the first group's).")
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     columns = result["columns"]
     cs = result["settings"]["concurrency"]
@@ -215,6 +243,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"Load: streaming chat completions via the official openai client, max_tokens "
         f"{result['settings']['max_tokens']}, temperature {result['settings']['temperature']}, requests per cell "
         f"max({result['settings']['requests']}, {result['settings'].get('per_client', 2)} x concurrency).",
+        servers_line(result.get("servers", {})),
         "",
         "## Output tokens/s (speed-up against k=0), judge prompts",
         "",
@@ -250,7 +279,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         within = {True: "yes", False: "NO", None: "-"}[v.get("within_noise_of_best")]
         lines.append(f"| {c} | {fmt(v.get('schedule_speedup'), '{:.2f}x')} | {target} | {v.get('best_fixed_k', '-')} | "
                      f"{fmt(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {fmt(v.get('noise'), '{:.1%}')} | {within} |")
-    lines += ["", f"Noise: |k=0 first run - k=0 last run| / mean, per concurrency, judge prompts "
+    between = ("the k=0 cells just before and after the schedule's" if interleaved(result)
+               else "k=0 first run - k=0 last run")
+    lines += ["", f"Noise: |{between}| / mean, per concurrency, judge prompts "
                   f"(median {fmt(result['noise_median'], '{:.1%}')}).", "",
               f"**Recommendation:** {result['recommendation']}", ""]
     lines += ["## Latency and acceptance per cell (judge prompts)", "",

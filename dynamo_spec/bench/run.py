@@ -1,16 +1,19 @@
 """`dynamo-spec bench`: servers per k, the same load on each, a derived schedule, and its judgement.
 
-Order of servers: k=0, k=1.., k=0 in a speculative engine (speculation on, schedule k=0
-at every batch size: what the schedule's k=0 ranges serve, and the k=0 a schedule's k > 0
-must beat), the derived schedule, k=0 again (the last gives the run-to-run noise). Each
-fixed k and the speculative k=0 run every concurrency on the derive prompts and on the
-judge prompts; the schedule and the repeat run on the judge prompts only.
+Columns: k=0, k=1.., k=0 in a speculative engine (speculation on, schedule k=0 at every
+batch size: what the schedule's k=0 ranges serve, and the k=0 a schedule's k > 0 must beat),
+each on the derive and the judge prompts; then the schedule derived from them and k=0 again
+(the run-to-run noise), on the judge prompts. On CPU the servers run side by side: a k=0
+server up the whole run, the others in groups beside it taking turns cell by cell, each
+speed-up against the k=0 cell measured alongside (`_Bench.interleaved`). With --together 0
+(GPU) one server at a time, k=0 first and last (`_Bench.sequential`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -57,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--margin", type=float, default=0.03,
                    help="k > 0 enters the schedule only where it beats k=0 by more than this (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("runs/bench"), help="output folder (default: %(default)s)")
+    p.add_argument("--together", type=int, default=None,
+                   help="servers up at once beside a k=0 server that stays up the whole run: they take turns cell "
+                        "by cell and each speed-up is against the k=0 cell measured alongside, so a host whose speed "
+                        "drifts moves them alike; 0: one server at a time, k=0 first and last (default: on CPU as "
+                        "many as free memory holds, on GPU 0, as one server takes the device)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=cmd_bench, accepts_overrides=True)
 
@@ -130,19 +138,6 @@ async def _measure(url: str, model: str, items: list[dict], c: int, args: argpar
     cell = await run_cell(url, model, items, concurrency=c, requests=cell_requests(args, c),
                           max_tokens=args.max_tokens, temperature=args.temperature, on_done=lambda: bar.update(1))
     return report.summarize_cell(cell, report.spec_delta(before, read_spec_counters(url)))
-
-
-async def _column(url: str, model: str, splits: dict[str, list[dict]], args: argparse.Namespace,
-                  concurrencies: list[int], bar: tqdm) -> dict[str, dict[str, Any]]:
-    # Warm-up (first requests allocate and, without enforce_eager, compile): not recorded.
-    await run_cell(url, model, splits[next(iter(splits))], concurrency=2, requests=4, max_tokens=16,
-                   temperature=args.temperature)
-    cells: dict[str, dict[str, Any]] = {name: {} for name in splits}
-    for c in concurrencies:
-        for name, items in splits.items():
-            bar.set_postfix_str(f"c={c} {name}")
-            cells[name][str(c)] = await _measure(url, model, items, c, args, bar)
-    return cells
 
 
 def _server_overrides(k: int | None, schedule: list[list[int]] | None) -> list[str]:
@@ -237,6 +232,175 @@ def _bench_url(args: argparse.Namespace, concurrencies: list[int], sets: dict) -
     return 0
 
 
+def _others(ks: list[int], never: list[list[int]]) -> list[tuple[str, list[str]]]:
+    """The first phase's columns besides k=0: each fixed k, then the speculative engine at k=0."""
+    plan = [(f"k={k}", _server_overrides(k, None)) for k in ks if k]
+    if max(ks) > 0:
+        plan.append((report.SPEC_K0, _server_overrides(max(ks), never)))
+    return plan
+
+
+def server_rss(server: ManagedServer) -> int:
+    """Resident memory of a server's processes (API server, EngineCore, workers), in bytes."""
+    import psutil
+
+    procs = [psutil.Process(server.proc.pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += proc.memory_info().rss
+    return total
+
+
+def servers_that_fit(per_server: int, wanted: int, reserve: int = 2 << 30) -> int:
+    """How many more servers of `per_server` bytes the free memory holds, keeping `reserve` free
+    (at least 1, at most `wanted`)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return max(1, min(wanted, int((available - reserve) // (per_server * 1.15))))
+
+
+class _Bench:
+    """One `dynamo-spec bench --config` run: its servers, cells, and the result it writes."""
+
+    def __init__(self, args: argparse.Namespace, config: Path, model: str, concurrencies: list[int],
+                 splits: dict[str, list[dict]], result: dict[str, Any], max_batch: int):
+        self.args, self.config, self.model, self.concurrencies = args, config, model, concurrencies
+        self.splits, self.judge = splits, {"judge": splits["judge"]}
+        self.result, self.max_batch = result, max_batch
+        self.bar = tqdm(total=0, unit="req", desc="bench")
+
+    def requests(self, columns: float, splits: int = 2) -> int:
+        """Requests of `columns` columns over `splits` prompt sets: for the progress bar."""
+        return int(columns * splits * sum(cell_requests(self.args, c) for c in self.concurrencies))
+
+    def grow(self, requests: int) -> None:
+        self.bar.total += requests
+        self.bar.refresh()
+
+    def server(self, name: str, overrides: list[str]) -> ManagedServer:
+        port = free_port()
+        argv = serve_command(self.config, port, [*self.args.overrides, *overrides])
+        log = self.args.out / "logs" / f"{name.replace(' ', '_').replace('=', '')}.log"
+        return ManagedServer(argv, port, log)
+
+    async def warm_up(self, server: ManagedServer) -> None:
+        # the first requests allocate and, without enforce_eager, compile: not recorded
+        await run_cell(server.url, self.model, self.splits["judge"], concurrency=2, requests=4, max_tokens=16,
+                       temperature=self.args.temperature)
+
+    async def cell(self, server: ManagedServer, items: list[dict], c: int) -> dict:
+        return await _measure(server.url, self.model, items, c, self.args, self.bar)
+
+    def record(self, name: str, overrides: list[str], server: ManagedServer, cells: dict,
+               reference: dict | None = None) -> None:
+        column = {"overrides": overrides, "server_ready_s": server.ready_after, "cells": cells}
+        if reference is not None:
+            column["reference"] = reference  # the k=0 cells measured alongside: this column's speed-ups
+        self.result["columns"][name] = column
+        report.add_speedups(self.result["columns"])
+        self.save()
+
+    def save(self) -> None:
+        (self.args.out / "bench.json").write_text(json.dumps(self.result, indent=2))  # partial results survive
+
+    def derive_schedule(self, ks: list[int]) -> list[str]:
+        """The schedule from the first phase's columns, written as a config; its server's overrides."""
+        choice = report.choose_k(self.result["columns"], ks, self.concurrencies, self.args.margin)
+        schedule = report.schedule_from_choice(choice, self.max_batch)
+        config_file = write_schedule_config(self.config, schedule, self.args.out / "config-with-schedule.yaml",
+                                            self.result["host"]["dtype"])
+        self.result["derived"] = {"choice": {str(c): k for c, k in choice.items()}, "schedule": schedule,
+                                  "margin": self.args.margin, "config_file": str(config_file)}
+        top = max(k for _, _, k in schedule)
+        return _server_overrides(top, schedule) if top else _server_overrides(0, None)
+
+    async def sequential(self, ks: list[int], never: list[list[int]]) -> None:
+        """One server at a time: k=0, the others, the schedule, k=0 again (the noise)."""
+        k0 = _server_overrides(0, None)
+        plan = [(report.BASELINE, k0, self.splits), *((n, o, self.splits) for n, o in _others(ks, never))]
+        self.grow(self.requests(len(plan)) + self.requests(2, splits=1))
+        for name, overrides, splits in [*plan, (report.SCHEDULE, None, self.judge), (report.REPEAT, k0, self.judge)]:
+            if overrides is None:
+                overrides = self.derive_schedule(ks)
+            self.bar.set_description(name)
+            with self.server(name, overrides) as server:
+                await self.warm_up(server)
+                cells: dict[str, dict] = {part: {} for part in splits}
+                for c in self.concurrencies:
+                    for part, items in splits.items():
+                        self.bar.set_postfix_str(f"c={c} {part}")
+                        cells[part][str(c)] = await self.cell(server, items, c)
+            self.record(name, overrides, server, cells)
+
+    async def interleaved(self, ks: list[int], never: list[list[int]], together: int | None) -> None:
+        """A k=0 server up the whole run; the other columns in groups of `together` servers beside
+        it, taking turns cell by cell (the order reversed every other cell), each group's speed-ups
+        against the k=0 cells measured with it; the schedule last, between two k=0 cells (the noise).
+        """
+        k0 = _server_overrides(0, None)
+        others = _others(ks, never)
+        with self.server(report.BASELINE, k0) as reference:
+            await self.warm_up(reference)
+            rss = server_rss(reference)
+            if not together:
+                together = servers_that_fit(rss, len(others))
+            groups = [others[i:i + together] for i in range(0, len(others), together)]
+            self.result["servers"] = {"mode": "interleaved", "together": together,
+                                      "groups": [[n for n, _ in g] for g in groups],
+                                      "reference_rss_gib": round(rss / 2**30, 2)}
+            tqdm.write(f"bench: a k=0 server ({rss / 2**30:.1f} GiB) up the whole run; beside it "
+                       f"{' then '.join('+'.join(n for n, _ in g) for g in groups)}, then the schedule")
+            self.grow(self.requests(len(others) + len(groups)) + self.requests(3, splits=1))
+            for g, group in enumerate(groups):
+                with contextlib.ExitStack() as stack:
+                    servers = {}
+                    for name, overrides in group:  # one start at a time: a compile takes every core
+                        self.bar.set_description(f"start {name}")
+                        servers[name] = stack.enter_context(self.server(name, overrides))
+                        await self.warm_up(servers[name])
+                    turns = [(report.BASELINE, reference), *servers.items()]
+                    cells = await self.take_turns(turns, self.splits)
+                ref_cells = cells.pop(report.BASELINE)
+                if g == 0:
+                    self.record(report.BASELINE, k0, reference, ref_cells)
+                for name, overrides in group:
+                    self.record(name, overrides, servers[name], cells[name], reference=ref_cells)
+            overrides = self.derive_schedule(ks)
+            self.bar.set_description(f"start {report.SCHEDULE}")
+            with self.server(report.SCHEDULE, overrides) as schedule:
+                await self.warm_up(schedule)
+                turns = [("before", reference), (report.SCHEDULE, schedule), (report.REPEAT, reference)]
+                cells = await self.take_turns(turns, self.judge, reverse=False)  # k=0, schedule, k=0: symmetric
+            self.record(report.SCHEDULE, overrides, schedule, cells[report.SCHEDULE], reference=cells["before"])
+            self.record(report.REPEAT, k0, reference, cells[report.REPEAT], reference=cells["before"])
+
+    async def take_turns(self, turns: list[tuple[str, ManagedServer]], splits: dict[str, list[dict]],
+                         reverse: bool = True) -> dict[str, dict[str, dict]]:
+        cells: dict[str, dict[str, dict]] = {name: {part: {} for part in splits} for name, _ in turns}
+        i = 0
+        for c in self.concurrencies:
+            for part, items in splits.items():
+                for name, server in (turns[::-1] if reverse and i % 2 else turns):
+                    self.bar.set_description(name)
+                    self.bar.set_postfix_str(f"c={c} {part}")
+                    cells[name][part][str(c)] = await self.cell(server, items, c)
+                i += 1
+        return cells
+
+
+def default_together(args: argparse.Namespace, on_cpu: bool) -> int | None:
+    """--together as given; else None (as many as memory holds) on CPU and 0 (one at a time) on GPU,
+    where one server takes the device's memory."""
+    if args.together is not None:
+        if args.together < 0:
+            raise SystemExit(f"error: --together: expected 0 or more, got {args.together}")
+        return args.together
+    return None if on_cpu else 0
+
+
 async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
     from dynamo_spec.config_loader import load_settings
     from dynamo_spec.host import detect_host, resolve_dtype
@@ -248,18 +412,11 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
         ks = [0, *ks]  # k=0 is the reference of every speed-up
     settings = load_settings(config, args.overrides).settings
     host = detect_host()
+    together = default_together(args, host.on_cpu)
     model = settings.served_model_name
     derive, judge = split(sets)
-    splits_fixed = {"derive": derive, "judge": judge}
     max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if host.on_cpu else "gpu"]
     never = [[1, max_batch, 0]]  # speculation on, never a draft token: the schedule's k=0 ranges
-    plan = [(f"k={k}", k) for k in ks]
-    if max(ks) > 0:
-        plan.append((report.SPEC_K0, None))
-    plan += [(report.SCHEDULE, None), (report.REPEAT, 0)]
-    per_split = sum(cell_requests(args, c) for c in concurrencies)
-    # the schedule and the repeat run the judge prompts only, every other column both splits
-    total = per_split * sum(1 if name in (report.SCHEDULE, report.REPEAT) else 2 for name, _ in plan)
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         # the program by name only: no path of this machine in the report
@@ -272,38 +429,17 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
                      "temperature": args.temperature, "prompt_sets": {n: len(v) for n, v in sets.items()},
                      "derive_prompts": len(derive), "judge_prompts": len(judge)},
         "host": host_info(resolve_dtype(settings.engine.dtype, host)[0], settings.engine.cpu_preload),
+        "servers": {"mode": "sequential"},
         "columns": {},
     }
-    bar = tqdm(total=total, unit="req", desc="bench")
+    bench = _Bench(args, config, model, concurrencies, {"derive": derive, "judge": judge}, result, max_batch)
     try:
-        for name, k in plan:
-            if name == report.SCHEDULE:
-                choice = report.choose_k(result["columns"], ks, concurrencies, args.margin)
-                schedule = report.schedule_from_choice(choice, max_batch)
-                config_file = write_schedule_config(config, schedule, args.out / "config-with-schedule.yaml",
-                                                    result["host"]["dtype"])
-                result["derived"] = {"choice": {str(c): k for c, k in choice.items()}, "schedule": schedule,
-                                     "margin": args.margin, "config_file": str(config_file)}
-                top = max(k for _, _, k in schedule)
-                overrides = _server_overrides(top, schedule) if top else _server_overrides(0, None)
-                splits = {"judge": judge}
-            elif name == report.SPEC_K0:
-                overrides = _server_overrides(max(ks), never)
-                splits = splits_fixed
-            else:
-                overrides = _server_overrides(k, None)
-                splits = splits_fixed if name != report.REPEAT else {"judge": judge}
-            bar.set_description(name)
-            port = free_port()
-            argv = serve_command(config, port, [*args.overrides, *overrides])
-            server = ManagedServer(argv, port, args.out / "logs" / f"{name.replace(' ', '_').replace('=', '')}.log")
-            with server:
-                cells = await _column(server.url, model, splits, args, concurrencies, bar)
-            result["columns"][name] = {"overrides": overrides, "server_ready_s": server.ready_after, "cells": cells}
-            report.add_speedups(result["columns"])
-            (args.out / "bench.json").write_text(json.dumps(result, indent=2))  # partial results survive a crash
+        if together == 0:
+            await bench.sequential(ks, never)
+        else:
+            await bench.interleaved(ks, never, together)
     finally:
-        bar.close()
+        bench.bar.close()
     report.add_speedups(result["columns"])
     result["verdict"] = report.verdict(result["columns"], concurrencies, ks)
     noise = list(report.noise(result["columns"]).values())

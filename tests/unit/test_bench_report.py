@@ -76,6 +76,37 @@ def test_verdict_compares_the_schedule_with_k0_and_the_best_fixed_k():
     assert v["4"]["meets_target"] is True and v["4"]["within_noise_of_best"] is True  # 0.99 >= 1 - 2 %
 
 
+def with_reference(cols: dict, name: str, rates: dict[int, float], split_: str) -> dict:
+    cols[name]["reference"] = {split_: {str(c): {"output_tokens_per_s": r} for c, r in rates.items()}}
+    return cols
+
+
+def test_interleaved_columns_compare_by_their_own_k0_reference():
+    # Two groups of servers on a host that slowed down between them: k=3 ran in the slow
+    # group. By raw rates k=2 wins at c=1 and 4; against the k=0 measured alongside each, k=3 wins
+    # at c=1 and at c=4 k=2 (0.95x) does not beat the speculative engine at k=0 (0.94x) by 3 %.
+    cols = columns({"k=0": {1: 30, 4: 100}, "k=2": {1: 40, 4: 95}, "k=3": {1: 36, 4: 63},
+                    report.SPEC_K0: {1: 19, 4: 66}})
+    with_reference(cols, "k=2", {1: 30, 4: 100}, "derive")
+    with_reference(cols, "k=3", {1: 20, 4: 70}, "derive")
+    with_reference(cols, report.SPEC_K0, {1: 20, 4: 70}, "derive")
+    report.add_speedups(cols)
+    assert cols["k=3"]["cells"]["derive"]["1"]["speedup"] == pytest.approx(1.8)
+    assert report.choose_k(cols, [0, 2, 3], [1, 4], margin=0.03) == {1: 3, 4: 0}
+    assert report.k0_cost(cols, [1, 4]) == {1: pytest.approx(0.05), 4: pytest.approx(1 - 66 / 70)}
+
+
+def test_interleaved_verdict_and_noise_use_the_k0_cells_around_the_schedule():
+    cols = columns({"k=0": {1: 30}, "k=2": {1: 40}, "schedule": {1: 26}, "k=0 (repeat)": {1: 21}}, "judge")
+    with_reference(cols, "k=2", {1: 30}, "judge")
+    with_reference(cols, "schedule", {1: 20}, "judge")  # the host was slower when the schedule ran
+    with_reference(cols, "k=0 (repeat)", {1: 20}, "judge")
+    v = report.verdict(cols, [1], [0, 2])["1"]
+    assert v["schedule_speedup"] == pytest.approx(1.3) and v["meets_target"] is True
+    assert v["best_fixed_k"] == 2 and v["schedule_vs_best_fixed"] == pytest.approx(1.3 / (40 / 30))
+    assert v["noise"] == pytest.approx(1 / 20.5) and v["within_noise_of_best"] is True
+
+
 def test_recommendation_says_where_speculation_does_not_pay():
     assert "does not pay" in report.recommendation({1: 0, 4: 0}, [[1, 128, 0]])
     text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]])
