@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.runtime_options import alternate
 from dynamo_spec.config_loader import load_settings
 from dynamo_spec.host import on_cpu
-from dynamo_spec.preflight import VLLM_DEFAULT_MAX_NUM_SEQS
+from dynamo_spec.preflight import effective_max_num_seqs
 from dynamo_spec.vllm_plugin import ZERO_DRAFT_STEPS_ENV
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/k0-cost"))
     args = parser.parse_args()
     settings = load_settings(args.config).settings
-    max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu() else "gpu"]
+    max_batch = effective_max_num_seqs(settings, on_cpu())
     never = f"[[1,{max_batch},0]]"
     servers = {
         "plain": ({}, ["--speculative.enabled", "false"]),

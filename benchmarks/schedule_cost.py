@@ -14,11 +14,11 @@ and equal text mean the drafts were the same, so a rate difference is per-step c
 
 Variants:
     fixed2: num_speculative_tokens 2, no schedule (k=2 at every batch size)
-    sched4: num_speculative_tokens 4, schedule [[1, 128, 2]] (the shipped float32
+    sched4: num_speculative_tokens 4, schedule [[1, max_num_seqs, 2]] (the shipped float32
             schedule's k at 1-5 requests, with the shipped num_speculative_tokens)
-    sched2: num_speculative_tokens 2, schedule [[1, 128, 2]]
+    sched2: num_speculative_tokens 2, schedule [[1, max_num_seqs, 2]]
     fixed4: num_speculative_tokens 4, no schedule
-    sched0: the config's num_speculative_tokens, schedule [[1, 128, 0]] (never a draft:
+    sched0: the config's num_speculative_tokens, schedule [[1, max_num_seqs, 0]] (never a draft:
             what a schedule's k=0 ranges cost against speculation off)
     config: the config as it is (its schedule for this host)
     k0:     speculation off
@@ -40,24 +40,32 @@ from pathlib import Path
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.config_loader import load_settings
 from dynamo_spec.engine import open_engine
+from dynamo_spec.host import on_cpu
+from dynamo_spec.preflight import effective_max_num_seqs
 
-NEVER = ["--speculative.num_speculative_tokens_per_batch_size", "[[1,128,0]]"]
 # vLLM's default for EAGLE: drop the last block of every prefix-cache hit (the CPU config keeps it)
 DROP = ["--speculative.extra.disable_eagle_block_drop", "false"]
-VARIANTS: dict[str, list[str]] = {
-    "fixed2": ["--speculative.num_speculative_tokens", "2",
-               "--speculative.num_speculative_tokens_per_batch_size", "null"],
-    "sched4": ["--speculative.num_speculative_tokens", "4",
-               "--speculative.num_speculative_tokens_per_batch_size", "[[1,128,2]]"],
-    "sched2": ["--speculative.num_speculative_tokens", "2",
-               "--speculative.num_speculative_tokens_per_batch_size", "[[1,128,2]]"],
-    "fixed4": ["--speculative.num_speculative_tokens", "4",
-               "--speculative.num_speculative_tokens_per_batch_size", "null"],
-    "sched0": NEVER,
-    "config": [],
-    "k0": ["--speculative.enabled", "false"],
-}
-VARIANTS.update({f"{name}-drop": [*VARIANTS[name], *DROP] for name in ("fixed2", "sched0", "config")})
+
+
+def variants(max_batch: int) -> dict[str, list[str]]:
+    """Each variant's config overrides; a schedule's one range runs to `max_batch` (max_num_seqs)."""
+
+    def schedule(k: int) -> list[str]:
+        return ["--speculative.num_speculative_tokens_per_batch_size", f"[[1,{max_batch},{k}]]"]
+
+    out = {
+        "fixed2": ["--speculative.num_speculative_tokens", "2",
+                   "--speculative.num_speculative_tokens_per_batch_size", "null"],
+        "sched4": ["--speculative.num_speculative_tokens", "4", *schedule(2)],
+        "sched2": ["--speculative.num_speculative_tokens", "2", *schedule(2)],
+        "fixed4": ["--speculative.num_speculative_tokens", "4",
+                   "--speculative.num_speculative_tokens_per_batch_size", "null"],
+        "sched0": schedule(0),
+        "config": [],
+        "k0": ["--speculative.enabled", "false"],
+    }
+    out.update({f"{name}-drop": [*out[name], *DROP] for name in ("fixed2", "sched0", "config")})
+    return out
 
 
 SYSTEM_RULES = ("You are a helpful assistant for a small online shop. Answer politely and briefly. "
@@ -114,6 +122,9 @@ async def main_async(args: argparse.Namespace) -> None:
 
     names = [n for n in args.variants.split(",") if n]
     base = load_settings(args.config).settings
+    known = variants(effective_max_num_seqs(base, on_cpu()))
+    if unknown := [n for n in names if n not in known]:
+        raise SystemExit(f"unknown variants: {unknown} (known: {', '.join(known)})")
     tokenizer = AutoTokenizer.from_pretrained(base.engine.model)
     items = split(load_sets())[1][: args.prompts]
     system = [{"role": "system", "content": shared_system_prompt(args.system_words)}] if args.system_words else []
@@ -123,7 +134,7 @@ async def main_async(args: argparse.Namespace) -> None:
     async with contextlib.AsyncExitStack() as stack:
         engines = {}
         for name in names:
-            settings = load_settings(args.config, VARIANTS[name] + args.override).settings
+            settings = load_settings(args.config, known[name] + args.override).settings
             t0 = time.perf_counter()
             engines[name] = await stack.enter_async_context(open_engine(settings))
             print(f"{name}: ready in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -81,11 +81,8 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
             eagle3 = spec.method == "eagle3" and not method_problems
             problems += _check_pairing(target, draft, eagle3, spec.aux_hidden_state_layer_ids, on_cpu)
     if spec.enabled and spec.num_speculative_tokens_per_batch_size is not None:
-        max_num_seqs = settings.engine.max_num_seqs
-        where = "engine.max_num_seqs"
-        if max_num_seqs is None:
-            max_num_seqs = VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu else "gpu"]
-            where = "vLLM's default max_num_seqs here"
+        max_num_seqs = effective_max_num_seqs(settings, on_cpu)
+        where = "engine.max_num_seqs" if settings.engine.max_num_seqs else "vLLM's default max_num_seqs here"
         value = spec.num_speculative_tokens_per_batch_size
         for key, schedule in (value.items() if isinstance(value, dict) else [(None, value)]):
             problems += check_schedule(schedule, spec.num_speculative_tokens, max_num_seqs, where,
@@ -153,6 +150,11 @@ def check_parallel(settings: Settings, on_cpu: bool, visible_gpus: int | None) -
 # vLLM 0.32's max_num_seqs for its OpenAI server when none is set (engine/arg_utils.py;
 # large GPUs such as H100 get 1024, which a schedule ending at 1024 covers too).
 VLLM_DEFAULT_MAX_NUM_SEQS = {"cpu": 128, "gpu": 256}
+
+
+def effective_max_num_seqs(settings: Settings, on_cpu: bool) -> int:
+    """The largest batch the engine will run: engine.max_num_seqs, else vLLM's default here."""
+    return settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu else "gpu"]
 SCHEDULE_FIELD = "speculative.num_speculative_tokens_per_batch_size"
 
 

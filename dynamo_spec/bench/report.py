@@ -230,6 +230,28 @@ def servers_line(servers: Mapping[str, Any]) -> str:
             "measured alongside (the k=0 row: the first group's).")
 
 
+def rate_rows(columns: Mapping[str, Any], split: str, cs: Sequence[int]) -> list[str]:
+    """Table rows: tokens/s (speed-up) per column; where servers ran side by side, a row for each
+    k=0 reference other than the k=0 column, above the columns measured with it."""
+    def row(name: str, cells: Mapping[str, Any]) -> str:
+        return f"| {name} | " + " | ".join(
+            f"{fmt(cells[str(c)]['output_tokens_per_s'])} ({fmt(cells[str(c)].get('speedup', 1.0), '{:.2f}x')})"
+            if str(c) in cells else "-" for c in cs) + " |"
+
+    lines, shown = [], [columns.get(BASELINE, {}).get("cells", {}).get(split)]
+    for name, column in columns.items():
+        cells = column["cells"].get(split)
+        if not cells:
+            continue
+        reference = column.get("reference", {}).get(split)
+        if reference and reference not in shown:
+            shown.append(reference)
+            lines.append(row(f"k=0 (measured with {name})", {c: {**cell, "speedup": 1.0}
+                                                             for c, cell in reference.items()}))
+        lines.append(row(name, cells))
+    return lines
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     columns = result["columns"]
     cs = result["settings"]["concurrency"]
@@ -250,20 +272,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         "| column | " + " | ".join(f"c={c}" for c in cs) + " |",
         "|---|" + "---|" * len(cs),
     ]
-    for name, column in columns.items():
-        cells = column["cells"].get("judge", {})
-        row = [f"{fmt(cells[str(c)]['output_tokens_per_s'])} ({fmt(cells[str(c)].get('speedup'), '{:.2f}x')})"
-               if str(c) in cells else "-" for c in cs]
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += rate_rows(columns, "judge", cs)
     lines += ["", "## Derive prompts (the schedule is chosen from these)", "",
               "| column | " + " | ".join(f"c={c}" for c in cs) + " | chosen k |", "|---|" + "---|" * (len(cs) + 1)]
-    for name, column in columns.items():
-        cells = column["cells"].get("derive", {})
-        if not cells:
-            continue
-        row = [f"{fmt(cells[str(c)]['output_tokens_per_s'])} ({fmt(cells[str(c)].get('speedup'), '{:.2f}x')})"
-               if str(c) in cells else "-" for c in cs]
-        lines.append(f"| {name} | " + " | ".join(row) + " | |")
+    lines += [line + " |" for line in rate_rows(columns, "derive", cs)]
     derived = result["derived"]
     lines.append("| **chosen k** | " + " | ".join(str(derived["choice"].get(str(c), "-")) for c in cs) + " | |")
     lines += ["", f"Schedule (`speculative.num_speculative_tokens_per_batch_size`): `{derived['schedule']}` "

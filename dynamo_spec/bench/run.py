@@ -404,7 +404,7 @@ def default_together(args: argparse.Namespace, on_cpu: bool) -> int | None:
 async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
     from dynamo_spec.config_loader import load_settings
     from dynamo_spec.host import detect_host, resolve_dtype
-    from dynamo_spec.preflight import VLLM_DEFAULT_MAX_NUM_SEQS
+    from dynamo_spec.preflight import effective_max_num_seqs
 
     config = Path(args.config)
     ks = _ints(args.k, "k")
@@ -415,7 +415,7 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     together = default_together(args, host.on_cpu)
     model = settings.served_model_name
     derive, judge = split(sets)
-    max_batch = settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if host.on_cpu else "gpu"]
+    max_batch = effective_max_num_seqs(settings, host.on_cpu)
     never = [[1, max_batch, 0]]  # speculation on, never a draft token: the schedule's k=0 ranges
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),

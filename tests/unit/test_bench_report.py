@@ -107,6 +107,18 @@ def test_interleaved_verdict_and_noise_use_the_k0_cells_around_the_schedule():
     assert v["noise"] == pytest.approx(1 / 20.5) and v["within_noise_of_best"] is True
 
 
+def test_tables_show_each_k0_reference_above_the_columns_measured_with_it():
+    cols = columns({"k=0": {1: 30}, "k=2": {1: 40}, "k=3": {1: 21}, "schedule": {1: 26}}, "judge")
+    cols["k=2"]["reference"] = cols["k=0"]["cells"]  # measured with the k=0 column (its group): no extra row
+    with_reference(cols, "k=3", {1: 20}, "judge")
+    with_reference(cols, "schedule", {1: 20}, "judge")  # the same cells as k=3's: shown once
+    cols["schedule"]["reference"] = cols["k=3"]["reference"]
+    report.add_speedups(cols)
+    assert report.rate_rows(cols, "judge", [1]) == [
+        "| k=0 | 30.0 (1.00x) |", "| k=2 | 40.0 (1.33x) |", "| k=0 (measured with k=3) | 20.0 (1.00x) |",
+        "| k=3 | 21.0 (1.05x) |", "| schedule | 26.0 (1.30x) |"]
+
+
 def test_recommendation_says_where_speculation_does_not_pay():
     assert "does not pay" in report.recommendation({1: 0, 4: 0}, [[1, 128, 0]])
     text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]])
