@@ -15,12 +15,14 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
 import shlex
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -361,24 +363,36 @@ class _Bench:
                         self.bar.set_description(f"start {name}")
                         servers[name] = stack.enter_context(self.server(name, overrides))
                         await self.warm_up(servers[name])
+
                     turns = [(report.BASELINE, reference), *servers.items()]
-                    cells = await self.take_turns(turns, self.splits)
-                ref_cells = cells.pop(report.BASELINE)
-                if g == 0:
-                    self.record(report.BASELINE, k0, reference, ref_cells)
-                for name, overrides in group:
-                    self.record(name, overrides, servers[name], cells[name], reference=ref_cells)
+                    # recorded as the cells come: partial results survive a crash
+                    await self.take_turns(turns, self.splits, on_cells=functools.partial(
+                        self.record_group, group=group, servers=servers, reference=reference, with_baseline=g == 0))
             overrides = self.derive_schedule(ks)
             self.bar.set_description(f"start {report.SCHEDULE}")
             with self.server(report.SCHEDULE, overrides) as schedule:
                 await self.warm_up(schedule)
                 turns = [("before", reference), (report.SCHEDULE, schedule), (report.REPEAT, reference)]
-                cells = await self.take_turns(turns, self.judge, reverse=False)  # k=0, schedule, k=0: symmetric
-            self.record(report.SCHEDULE, overrides, schedule, cells[report.SCHEDULE], reference=cells["before"])
-            self.record(report.REPEAT, k0, reference, cells[report.REPEAT], reference=cells["before"])
+                record = functools.partial(
+                    self.record_group, group=[(report.SCHEDULE, overrides), (report.REPEAT, k0)],
+                    servers={report.SCHEDULE: schedule, report.REPEAT: reference}, reference_name="before")
+                await self.take_turns(turns, self.judge, reverse=False, on_cells=record)  # k=0, schedule, k=0
+
+    def record_group(self, cells: dict[str, dict], *, group: list[tuple[str, list[str]]],
+                     servers: dict[str, ManagedServer], reference: ManagedServer | None = None,
+                     with_baseline: bool = False, reference_name: str = report.BASELINE) -> None:
+        """Record a group's columns with the k=0 cells taken alongside (`reference_name` in `cells`)
+        as their reference; `with_baseline`: those cells are also the k=0 column."""
+        if with_baseline:
+            self.record(report.BASELINE, _server_overrides(0, None), reference, cells[reference_name])
+        for name, overrides in group:
+            self.record(name, overrides, servers[name], cells[name], reference=cells[reference_name])
 
     async def take_turns(self, turns: list[tuple[str, ManagedServer]], splits: dict[str, list[dict]],
-                         reverse: bool = True) -> dict[str, dict[str, dict]]:
+                         reverse: bool = True, on_cells: Callable[[dict], None] | None = None,
+                         ) -> dict[str, dict[str, dict]]:
+        """Each concurrency and prompt split on each server in turn (the order reversed every
+        other time); `on_cells` sees the cells so far after each turn of all servers."""
         cells: dict[str, dict[str, dict]] = {name: {part: {} for part in splits} for name, _ in turns}
         i = 0
         for c in self.concurrencies:
@@ -388,6 +402,8 @@ class _Bench:
                     self.bar.set_postfix_str(f"c={c} {part}")
                     cells[name][part][str(c)] = await self.cell(server, items, c)
                 i += 1
+                if on_cells is not None:
+                    on_cells(cells)
         return cells
 
 
