@@ -257,11 +257,11 @@ def server_rss(server: ManagedServer) -> int:
 
 def servers_that_fit(per_server: int, wanted: int, reserve: int = 2 << 30) -> int:
     """How many more servers of `per_server` bytes the free memory holds, keeping `reserve` free
-    (at least 1, at most `wanted`)."""
+    (at most `wanted`; 0: not one)."""
     import psutil
 
     available = psutil.virtual_memory().available
-    return max(1, min(wanted, int((available - reserve) // (per_server * 1.15))))
+    return max(0, min(wanted, int((available - reserve) // (per_server * 1.15))))
 
 
 class _Bench:
@@ -337,10 +337,11 @@ class _Bench:
                         cells[part][str(c)] = await self.cell(server, items, c)
             self.record(name, overrides, server, cells)
 
-    async def interleaved(self, ks: list[int], never: list[list[int]], together: int | None) -> None:
+    async def interleaved(self, ks: list[int], never: list[list[int]], together: int | None) -> bool:
         """A k=0 server up the whole run; the other columns in groups of `together` servers beside
         it, taking turns cell by cell (the order reversed every other cell), each group's speed-ups
         against the k=0 cells measured with it; the schedule last, between two k=0 cells (the noise).
+        False, having measured nothing, if `together` is None and free memory holds no second server.
         """
         k0 = _server_overrides(0, None)
         others = _others(ks, never)
@@ -349,6 +350,10 @@ class _Bench:
             rss = server_rss(reference)
             if not together:
                 together = servers_that_fit(rss, len(others))
+                if not together:
+                    tqdm.write(f"bench: free memory holds no second server of {rss / 2**30:.1f} GiB: "
+                               "one server at a time")
+                    return False
             groups = [others[i:i + together] for i in range(0, len(others), together)]
             self.result["servers"] = {"mode": "interleaved", "together": together,
                                       "groups": [[n for n, _ in g] for g in groups],
@@ -377,6 +382,7 @@ class _Bench:
                     self.record_group, group=[(report.SCHEDULE, overrides), (report.REPEAT, k0)],
                     servers={report.SCHEDULE: schedule, report.REPEAT: reference}, reference_name="before")
                 await self.take_turns(turns, self.judge, reverse=False, on_cells=record)  # k=0, schedule, k=0
+        return True
 
     def record_group(self, cells: dict[str, dict], *, group: list[tuple[str, list[str]]],
                      servers: dict[str, ManagedServer], reference: ManagedServer | None = None,
@@ -450,10 +456,8 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     }
     bench = _Bench(args, config, model, concurrencies, {"derive": derive, "judge": judge}, result, max_batch)
     try:
-        if together == 0:
+        if together == 0 or not await bench.interleaved(ks, never, together):
             await bench.sequential(ks, never)
-        else:
-            await bench.interleaved(ks, never, together)
     finally:
         bench.bar.close()
     report.add_speedups(result["columns"])

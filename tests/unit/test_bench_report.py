@@ -119,6 +119,13 @@ def test_tables_show_each_k0_reference_above_the_columns_measured_with_it():
         "| k=3 | 21.0 (1.05x) |", "| schedule | 26.0 (1.30x) |"]
 
 
+def test_servers_side_by_side_only_as_many_as_free_memory_holds():
+    from dynamo_spec.bench.run import servers_that_fit
+
+    assert servers_that_fit(1 << 50, 5) == 0  # not one more: the bench runs one server at a time
+    assert servers_that_fit(1 << 20, 5) == 5  # 1 MiB servers: all of them
+
+
 def test_recommendation_says_where_speculation_does_not_pay():
     assert "does not pay" in report.recommendation({1: 0, 4: 0}, [[1, 128, 0]])
     text = report.recommendation({1: 3, 32: 0}, [[1, 5, 3], [6, 128, 0]])
