@@ -327,15 +327,11 @@ class _Bench:
         for name, overrides, splits in [*plan, (report.SCHEDULE, None, self.judge), (report.REPEAT, k0, self.judge)]:
             if overrides is None:
                 overrides = self.derive_schedule(ks)
-            self.bar.set_description(name)
+            self.bar.set_description(f"start {name}")
             with self.server(name, overrides) as server:
                 await self.warm_up(server)
-                cells: dict[str, dict] = {part: {} for part in splits}
-                for c in self.concurrencies:
-                    for part, items in splits.items():
-                        self.bar.set_postfix_str(f"c={c} {part}")
-                        cells[part][str(c)] = await self.cell(server, items, c)
-            self.record(name, overrides, server, cells)
+                cells = await self.take_turns([(name, server)], splits)
+            self.record(name, overrides, server, cells[name])
 
     async def interleaved(self, ks: list[int], never: list[list[int]], together: int | None) -> bool:
         """A k=0 server up the whole run; the other columns in groups of `together` servers beside
