@@ -36,9 +36,13 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
     return {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "mean": statistics.fmean(ordered)}
 
 
-def spec_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
-    """Acceptance over a cell from two readings of vLLM's spec-decode counters (see read_spec_counters)."""
-    d = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in set(before) | set(after)}
+def counter_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """How much each spec-decode counter (see read_spec_counters) grew between two readings."""
+    return {key: after.get(key, 0.0) - before.get(key, 0.0) for key in set(before) | set(after)}
+
+
+def spec_stats(d: Mapping[str, float]) -> dict[str, Any]:
+    """Acceptance from counter growth (one cell's, or the sum over its rounds), by vLLM's definitions."""
     drafts, draft_tokens, accepted = (int(d.get(n, 0)) for n in ("drafts", "draft_tokens", "accepted"))
     positions = sorted(int(key.split(":")[1]) for key in d if key.startswith("pos:"))
     per_pos = [int(d[f"pos:{p}"]) for p in positions]
@@ -50,6 +54,11 @@ def spec_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "per_position_acceptance": [a / drafts for a in per_pos] if drafts else [],
     }
+
+
+def spec_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """Acceptance over a cell from two readings of vLLM's spec-decode counters (see read_spec_counters)."""
+    return spec_stats(counter_delta(before, after))
 
 
 def summarize_cell(cell: CellResult, spec: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +79,22 @@ def summarize_cell(cell: CellResult, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def summarize_rounds(rounds: Sequence[tuple[CellResult, Mapping[str, float]]]) -> dict[str, Any]:
+    """One cell measured in rounds (each a CellResult and its counter growth): the figures over
+    all rounds' requests (tokens/s: all tokens over all rounds' wall time), plus each round's
+    tokens/s, from which speed-ups are taken round by round (see `speedup`)."""
+    pooled = CellResult(concurrency=rounds[0][0].concurrency, wall=sum(cell.wall for cell, _ in rounds),
+                        requests=[r for cell, _ in rounds for r in cell.requests])
+    counters: dict[str, float] = {}
+    for _, d in rounds:
+        for key, value in d.items():
+            counters[key] = counters.get(key, 0.0) + value
+    out = summarize_cell(pooled, spec_stats(counters))
+    out["rounds_output_tokens_per_s"] = [cell.output_tokens / cell.wall if cell.wall > 0 else 0.0
+                                         for cell, _ in rounds]
+    return out
+
+
 def rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
     cell = columns.get(name, {}).get("cells", {}).get(split, {}).get(str(c))
     return cell["output_tokens_per_s"] if cell else None
@@ -82,9 +107,21 @@ def reference_rate(columns: Mapping[str, Any], name: str, split: str, c: int) ->
     return cell["output_tokens_per_s"] if cell else rate(columns, BASELINE, split, c)
 
 
+def _cell(columns: Mapping[str, Any], name: str, split: str, c: int, part: str = "cells") -> dict | None:
+    return columns.get(name, {}).get(part, {}).get(split, {}).get(str(c))
+
+
 def speedup(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
-    r, base = rate(columns, name, split, c), reference_rate(columns, name, split, c)
-    return r / base if r is not None and base else None
+    """A cell's tokens/s over its k=0 reference's; measured in rounds (--rounds), the median of the
+    per-round ratios: each round's pair was measured minutes apart at most, so a host whose speed
+    drifts between rounds moves both alike, and one disturbed round does not move the median."""
+    cell = _cell(columns, name, split, c)
+    base = _cell(columns, name, split, c, "reference") or _cell(columns, BASELINE, split, c)
+    ours, theirs = ((x or {}).get("rounds_output_tokens_per_s") or [] for x in (cell, base))
+    if len(ours) > 1 and len(ours) == len(theirs) and all(theirs):
+        return statistics.median(a / b for a, b in zip(ours, theirs))
+    r, rate0 = rate(columns, name, split, c), reference_rate(columns, name, split, c)
+    return r / rate0 if r is not None and rate0 else None
 
 
 def add_speedups(columns: dict[str, Any]) -> None:
@@ -96,14 +133,15 @@ def add_speedups(columns: dict[str, Any]) -> None:
 
 
 def noise(columns: Mapping[str, Any], split: str = "judge") -> dict[str, float]:
-    """Run-to-run noise per concurrency: |a - b| / mean of two k=0 runs: the repeat and its
-    reference (interleaved: the k=0 cells just before and after the schedule's; one after
-    another: the first and the last server)."""
+    """Run-to-run noise per concurrency: how far apart the same method puts two k=0 runs, the
+    repeat and its reference (interleaved: the k=0 cells just before and after the schedule's;
+    one after another: the first and the last server): |a - b| / mean of the two, a / b taken
+    as `speedup` takes it (in rounds: the median of the per-round ratios)."""
     out = {}
     for c in columns.get(REPEAT, {}).get("cells", {}).get(split, {}):
-        a, b = reference_rate(columns, REPEAT, split, int(c)), rate(columns, REPEAT, split, int(c))
-        if a and b:
-            out[c] = abs(a - b) / ((a + b) / 2)
+        r = speedup(columns, REPEAT, split, int(c))
+        if r:
+            out[c] = abs(r - 1) / ((r + 1) / 2)
     return out
 
 
@@ -220,6 +258,13 @@ def interleaved(result: Mapping[str, Any]) -> bool:
     return result.get("servers", {}).get("mode") == "interleaved"
 
 
+def rounds_text(rounds: int) -> str:
+    if rounds <= 1:
+        return "."
+    return (f", in {rounds} rounds (the servers take turns round by round); tokens/s over all rounds, "
+            "each speed-up the median of the per-round ratios.")
+
+
 def servers_line(servers: Mapping[str, Any]) -> str:
     if servers.get("mode") != "interleaved":
         return ("Servers: one at a time (k=0 first and last); speed-ups against the first k=0 server. "
@@ -264,7 +309,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"LD_PRELOAD {host['ld_preload'] or 'none'}; {result['started']}.",
         f"Load: streaming chat completions via the official openai client, max_tokens "
         f"{result['settings']['max_tokens']}, temperature {result['settings']['temperature']}, requests per cell "
-        f"max({result['settings']['requests']}, {result['settings'].get('per_client', 2)} x concurrency).",
+        f"max({result['settings']['requests']}, {result['settings'].get('per_client', 2)} x concurrency)"
+        + rounds_text(result['settings'].get('rounds', 1)),
         servers_line(result.get("servers", {})),
         "",
         "## Output tokens/s (speed-up against k=0), judge prompts",
@@ -293,6 +339,8 @@ def markdown(result: Mapping[str, Any]) -> str:
                      f"{fmt(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {fmt(v.get('noise'), '{:.1%}')} | {within} |")
     between = ("the k=0 cells just before and after the schedule's" if interleaved(result)
                else "k=0 first run - k=0 last run")
+    if result["settings"].get("rounds", 1) > 1:
+        between += " (their per-round ratio's median)"
     lines += ["", f"Noise: |{between}| / mean, per concurrency, judge prompts "
                   f"(median {fmt(result['noise_median'], '{:.1%}')}).", "",
               f"**Recommendation:** {result['recommendation']}", ""]

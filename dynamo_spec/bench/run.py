@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from dynamo_spec import __version__
 from dynamo_spec.bench import report
-from dynamo_spec.bench.load import run_cell
+from dynamo_spec.bench.load import CellResult, run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.settings import SCHEDULE_KEYS
@@ -67,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "by cell and each speed-up is against the k=0 cell measured alongside, so a host whose speed "
                         "drifts moves them alike; 0: one server at a time, k=0 first and last (default: on CPU as "
                         "many as free memory holds, on GPU 0, as one server takes the device)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each cell this many times, the servers taking turns round by round; each "
+                        "speed-up is the median of the per-round ratios, so one disturbed round does not move it "
+                        "(for hosts whose speed drifts; the run takes this many times as long) (default: %(default)s)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=cmd_bench, accepts_overrides=True)
 
@@ -135,11 +139,17 @@ def cell_requests(args: argparse.Namespace, c: int) -> int:
     return max(args.requests, args.per_client * c)
 
 
-async def _measure(url: str, model: str, items: list[dict], c: int, args: argparse.Namespace, bar: tqdm) -> dict:
+async def _measure_round(url: str, model: str, items: list[dict], c: int, args: argparse.Namespace,
+                         bar: tqdm) -> tuple[CellResult, dict[str, float]]:
+    """One round of a cell: its requests and how far the server's spec-decode counters grew."""
     before = read_spec_counters(url)
     cell = await run_cell(url, model, items, concurrency=c, requests=cell_requests(args, c),
                           max_tokens=args.max_tokens, temperature=args.temperature, on_done=lambda: bar.update(1))
-    return report.summarize_cell(cell, report.spec_delta(before, read_spec_counters(url)))
+    return cell, report.counter_delta(before, read_spec_counters(url))
+
+
+async def _measure(url: str, model: str, items: list[dict], c: int, args: argparse.Namespace, bar: tqdm) -> dict:
+    return report.summarize_rounds([await _measure_round(url, model, items, c, args, bar) for _ in range(args.rounds)])
 
 
 def _server_overrides(k: int | None, schedule: list[list[int]] | None) -> list[str]:
@@ -207,6 +217,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if bool(args.config) == bool(args.url):
         raise SystemExit("error: give --config FILE (start servers) or --url URL (a running server)")
     concurrencies = _ints(args.concurrency, "concurrency")
+    if args.rounds < 1:
+        raise SystemExit(f"error: --rounds: expected 1 or more, got {args.rounds}")
     sets = load_sets(args.prompts)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.url:
@@ -217,7 +229,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_url(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
     items = [item for items in sets.values() for item in items]
     model = requests.get(args.url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
-    total = sum(cell_requests(args, c) for c in concurrencies)
+    total = args.rounds * sum(cell_requests(args, c) for c in concurrencies)
     cells = {}
     with tqdm(total=total, desc=args.url, unit="req") as bar:
         for c in concurrencies:
@@ -275,8 +287,8 @@ class _Bench:
         self.bar = tqdm(total=0, unit="req", desc="bench")
 
     def requests(self, columns: float, splits: int = 2) -> int:
-        """Requests of `columns` columns over `splits` prompt sets: for the progress bar."""
-        return int(columns * splits * sum(cell_requests(self.args, c) for c in self.concurrencies))
+        """Requests of `columns` columns over `splits` prompt sets and every round: for the progress bar."""
+        return int(columns * splits * self.args.rounds * sum(cell_requests(self.args, c) for c in self.concurrencies))
 
     def grow(self, requests: int) -> None:
         self.bar.total += requests
@@ -293,8 +305,6 @@ class _Bench:
         await run_cell(server.url, self.model, self.splits["judge"], concurrency=2, requests=4, max_tokens=16,
                        temperature=self.args.temperature)
 
-    async def cell(self, server: ManagedServer, items: list[dict], c: int) -> dict:
-        return await _measure(server.url, self.model, items, c, self.args, self.bar)
 
     def record(self, name: str, overrides: list[str], server: ManagedServer, cells: dict,
                reference: dict | None = None) -> None:
@@ -393,17 +403,22 @@ class _Bench:
     async def take_turns(self, turns: list[tuple[str, ManagedServer]], splits: dict[str, list[dict]],
                          reverse: bool = True, on_cells: Callable[[dict], None] | None = None,
                          ) -> dict[str, dict[str, dict]]:
-        """Each concurrency and prompt split on each server in turn (the order reversed every
-        other time); `on_cells` sees the cells so far after each turn of all servers."""
+        """Each concurrency and prompt split on each server in turn, --rounds times (the order
+        reversed every other turn); `on_cells` sees the cells so far after each concurrency and split."""
         cells: dict[str, dict[str, dict]] = {name: {part: {} for part in splits} for name, _ in turns}
         i = 0
         for c in self.concurrencies:
             for part, items in splits.items():
-                for name, server in (turns[::-1] if reverse and i % 2 else turns):
-                    self.bar.set_description(name)
-                    self.bar.set_postfix_str(f"c={c} {part}")
-                    cells[name][part][str(c)] = await self.cell(server, items, c)
-                i += 1
+                rounds: dict[str, list] = {name: [] for name, _ in turns}
+                for r in range(self.args.rounds):
+                    for name, server in (turns[::-1] if reverse and i % 2 else turns):
+                        self.bar.set_description(name)
+                        self.bar.set_postfix_str(f"c={c} {part}" + (f" round {r + 1}" if self.args.rounds > 1 else ""))
+                        rounds[name].append(await _measure_round(server.url, self.model, items, c, self.args,
+                                                                 self.bar))
+                    i += 1
+                for name in rounds:
+                    cells[name][part][str(c)] = report.summarize_rounds(rounds[name])
                 if on_cells is not None:
                     on_cells(cells)
         return cells
@@ -443,7 +458,7 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
         "settings": {"config": str(config), "overrides": args.overrides, "model": model,
                      "draft": _relative(settings.speculative.model), "method": settings.speculative.method, "ks": ks,
                      "concurrency": concurrencies, "requests": args.requests,
-                     "per_client": args.per_client, "max_tokens": args.max_tokens,
+                     "per_client": args.per_client, "rounds": args.rounds, "max_tokens": args.max_tokens,
                      "temperature": args.temperature, "prompt_sets": {n: len(v) for n, v in sets.items()},
                      "derive_prompts": len(derive), "judge_prompts": len(judge)},
         "host": host_info(resolve_dtype(settings.engine.dtype, host)[0], settings.engine.cpu_preload),

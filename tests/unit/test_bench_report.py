@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dynamo_spec.bench import report
+from dynamo_spec.bench.load import CellResult, RequestResult
 from dynamo_spec.bench.prompts import PromptError, load_sets, read_prompts, split
 from dynamo_spec.preflight import check_schedule
 
@@ -105,6 +106,41 @@ def test_interleaved_verdict_and_noise_use_the_k0_cells_around_the_schedule():
     assert v["schedule_speedup"] == pytest.approx(1.3) and v["meets_target"] is True
     assert v["best_fixed_k"] == 2 and v["schedule_vs_best_fixed"] == pytest.approx(1.3 / (40 / 30))
     assert v["noise"] == pytest.approx(1 / 20.5) and v["within_noise_of_best"] is True
+
+
+def _round(tokens_per_request: int, requests: int, wall: float, drafts: int = 0, accepted: int = 0) -> tuple:
+    results = [RequestResult(ok=True, completion_tokens=tokens_per_request, ttft=0.1, e2e=wall / requests)
+               for _ in range(requests)]
+    return CellResult(concurrency=1, wall=wall, requests=results), {
+        "drafts": drafts, "draft_tokens": 2 * drafts, "accepted": accepted, "pos:0": accepted, "pos:1": 0}
+
+
+def test_rounds_pool_requests_and_counters_and_keep_each_rounds_rate():
+    cell = report.summarize_rounds([_round(10, 4, 2.0, drafts=20, accepted=10), _round(10, 4, 8.0, drafts=20,
+                                                                                       accepted=14)])
+    assert cell["requests"] == 8 and cell["output_tokens"] == 80 and cell["wall_s"] == 10.0
+    assert cell["output_tokens_per_s"] == 8.0  # all tokens over all rounds' wall time
+    assert cell["rounds_output_tokens_per_s"] == [20.0, 5.0]
+    assert cell["drafts"] == 40 and cell["accepted_tokens"] == 24 and cell["draft_tokens"] == 80
+    assert cell["mean_acceptance_length"] == pytest.approx(1.6) and cell["per_position_acceptance"] == [0.6, 0.0]
+
+
+def test_in_rounds_speedups_and_noise_are_medians_of_per_round_ratios():
+    # k=2 beside k=0 in three rounds; the host halved its speed in round 2, and round 3 was disturbed
+    # on k=2's turn: the pooled rates say 1.10x, each round's pair says 1.25x, 1.25x, 0.5x.
+    cols = {"k=0": {"cells": {"judge": {"1": {"output_tokens_per_s": 20.0,
+                                              "rounds_output_tokens_per_s": [20.0, 10.0, 30.0]}}}},
+            "k=2": {"cells": {"judge": {"1": {"output_tokens_per_s": 22.0,
+                                              "rounds_output_tokens_per_s": [25.0, 12.5, 15.0]}}}},
+            "k=0 (repeat)": {"cells": {"judge": {"1": {"output_tokens_per_s": 21.0,
+                                                       "rounds_output_tokens_per_s": [21.0, 10.0, 33.0]}}}}}
+    cols["k=2"]["reference"] = cols["k=0 (repeat)"]["reference"] = cols["k=0"]["cells"]
+    assert report.speedup(cols, "k=2", "judge", 1) == pytest.approx(1.25)
+    assert report.noise(cols) == {"1": pytest.approx(0.05 / 1.025)}  # median ratio 1.05: |r - 1| / ((r + 1) / 2)
+    # one round (or unequal rounds): the ratio of the rates, as before
+    one = {name: {"cells": {"judge": {"1": {**cell["cells"]["judge"]["1"], "rounds_output_tokens_per_s": [1.0]}}}}
+           for name, cell in cols.items()}
+    assert report.speedup(one, "k=2", "judge", 1) == pytest.approx(1.1)
 
 
 def test_tables_show_each_k0_reference_above_the_columns_measured_with_it():
