@@ -337,8 +337,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         within = {True: "yes", False: "NO", None: "-"}[v.get("within_noise_of_best")]
         lines.append(f"| {c} | {fmt(v.get('schedule_speedup'), '{:.2f}x')} | {target} | {v.get('best_fixed_k', '-')} | "
                      f"{fmt(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {fmt(v.get('noise'), '{:.1%}')} | {within} |")
-    between = ("the k=0 cells just before and after the schedule's" if interleaved(result)
-               else "k=0 first run - k=0 last run")
+    between = ("k=0 first run - k=0 last run" if not interleaved(result)
+               else "the k=0 server's cells - a second k=0 server's, taking turns with the schedule"
+               if result["servers"].get("repeat") == "second k=0 server"
+               else "the k=0 cells just before and after the schedule's")
     if result["settings"].get("rounds", 1) > 1:
         between += " (their per-round ratio's median)"
     lines += ["", f"Noise: |{between}| / mean, per concurrency, judge prompts "

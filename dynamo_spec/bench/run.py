@@ -305,7 +305,6 @@ class _Bench:
         await run_cell(server.url, self.model, self.splits["judge"], concurrency=2, requests=4, max_tokens=16,
                        temperature=self.args.temperature)
 
-
     def record(self, name: str, overrides: list[str], server: ManagedServer, cells: dict,
                reference: dict | None = None) -> None:
         column = {"overrides": overrides, "server_ready_s": server.ready_after, "cells": cells}
@@ -345,8 +344,8 @@ class _Bench:
 
     async def interleaved(self, ks: list[int], never: list[list[int]], together: int | None) -> bool:
         """A k=0 server up the whole run; the other columns in groups of `together` servers beside
-        it, taking turns cell by cell (the order reversed every other cell), each group's speed-ups
-        against the k=0 cells measured with it; the schedule last, between two k=0 cells (the noise).
+        it, taking turns cell by cell in a fixed order, each group's speed-ups against the k=0 cells
+        measured with it; the schedule last, beside the k=0 server and a second one (the noise).
         False, having measured nothing, if `together` is None and free memory holds no second server.
         """
         k0 = _server_overrides(0, None)
@@ -381,13 +380,23 @@ class _Bench:
                         self.record_group, group=group, servers=servers, reference=reference, with_baseline=g == 0))
             overrides = self.derive_schedule(ks)
             self.bar.set_description(f"start {report.SCHEDULE}")
-            with self.server(report.SCHEDULE, overrides) as schedule:
+            with contextlib.ExitStack() as stack:
+                schedule = stack.enter_context(self.server(report.SCHEDULE, overrides))
                 await self.warm_up(schedule)
-                turns = [("before", reference), (report.SCHEDULE, schedule), (report.REPEAT, reference)]
+                # The repeat: a second k=0 server where memory holds one, so that every cell follows
+                # another server's (a server's first cell after another's runs a few per cent slower
+                # on a 2-core VM); else the k=0 server again, right before its own next cell.
+                repeat = reference
+                if servers_that_fit(rss, 1):
+                    self.bar.set_description(f"start {report.REPEAT}")
+                    repeat = stack.enter_context(self.server(report.REPEAT, k0))
+                    await self.warm_up(repeat)
+                self.result["servers"]["repeat"] = "second k=0 server" if repeat is not reference else "k=0 server"
+                turns = [("before", reference), (report.SCHEDULE, schedule), (report.REPEAT, repeat)]
                 record = functools.partial(
                     self.record_group, group=[(report.SCHEDULE, overrides), (report.REPEAT, k0)],
-                    servers={report.SCHEDULE: schedule, report.REPEAT: reference}, reference_name="before")
-                await self.take_turns(turns, self.judge, reverse=False, on_cells=record)  # k=0, schedule, k=0
+                    servers={report.SCHEDULE: schedule, report.REPEAT: repeat}, reference_name="before")
+                await self.take_turns(turns, self.judge, on_cells=record)  # k=0, schedule, k=0
         return True
 
     def record_group(self, cells: dict[str, dict], *, group: list[tuple[str, list[str]]],
@@ -401,22 +410,23 @@ class _Bench:
             self.record(name, overrides, servers[name], cells[name], reference=cells[reference_name])
 
     async def take_turns(self, turns: list[tuple[str, ManagedServer]], splits: dict[str, list[dict]],
-                         reverse: bool = True, on_cells: Callable[[dict], None] | None = None,
+                         on_cells: Callable[[dict], None] | None = None,
                          ) -> dict[str, dict[str, dict]]:
-        """Each concurrency and prompt split on each server in turn, --rounds times (the order
-        reversed every other turn); `on_cells` sees the cells so far after each concurrency and split."""
+        """Each concurrency and prompt split on each server in turn, --rounds times, always in the
+        same order, so that (with two servers or more) every cell follows another server's: on a
+        2-core VM a server's first cell after another's ran 3-9 % slower than one right after its
+        own (docs/bench-cpu-default.md, session 18), and an order that reverses leaves some servers
+        that cost and others not. `on_cells` sees the cells so far after each concurrency and split."""
         cells: dict[str, dict[str, dict]] = {name: {part: {} for part in splits} for name, _ in turns}
-        i = 0
         for c in self.concurrencies:
             for part, items in splits.items():
                 rounds: dict[str, list] = {name: [] for name, _ in turns}
                 for r in range(self.args.rounds):
-                    for name, server in (turns[::-1] if reverse and i % 2 else turns):
+                    for name, server in turns:
                         self.bar.set_description(name)
                         self.bar.set_postfix_str(f"c={c} {part}" + (f" round {r + 1}" if self.args.rounds > 1 else ""))
                         rounds[name].append(await _measure_round(server.url, self.model, items, c, self.args,
                                                                  self.bar))
-                    i += 1
                 for name in rounds:
                     cells[name][part][str(c)] = report.summarize_rounds(rounds[name])
                 if on_cells is not None:

@@ -89,6 +89,7 @@ def test_speedups_are_ratios_of_measured_rates(bench):
     # are the k=0 column itself, the second group has its own.
     servers = result["servers"]
     assert servers["mode"] == "interleaved" and servers["together"] == 2
+    assert servers["repeat"] == "second k=0 server"  # every cell follows another server's
     assert servers["groups"] == [["k=1", "k=3"], ["k=0 (speculative engine)"]]
     assert cols["k=1"]["reference"] == cols["k=3"]["reference"] == cols["k=0"]["cells"]
     second = cols["k=0 (speculative engine)"]["reference"]
@@ -100,7 +101,7 @@ def test_speedups_are_ratios_of_measured_rates(bench):
                 base = (col["reference"] if name != "k=0" else col["cells"])[split][c]
                 assert cell["speedup"] == pytest.approx(median_ratio(cell, base))
                 assert cell["output_tokens_per_s"] == pytest.approx(cell["output_tokens"] / cell["wall_s"])
-    before = cols["schedule"]["reference"]["judge"]  # k=0 just before the schedule, k=0 (repeat) just after
+    before = cols["schedule"]["reference"]["judge"]  # the k=0 server's turn before the schedule's, the repeat's after
     assert cols["k=0 (repeat)"]["reference"]["judge"] == before
     for c, v in result["verdict"].items():
         assert v["schedule_speedup"] == pytest.approx(median_ratio(cols["schedule"]["cells"]["judge"][c], before[c]))
