@@ -95,33 +95,24 @@ def summarize_rounds(rounds: Sequence[tuple[CellResult, Mapping[str, float]]]) -
     return out
 
 
-def rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
-    cell = columns.get(name, {}).get("cells", {}).get(split, {}).get(str(c))
-    return cell["output_tokens_per_s"] if cell else None
-
-
-def reference_rate(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
-    """The k=0 rate a column is compared with: the k=0 cell measured alongside it (servers
-    interleaved: `reference` cells), else the k=0 column (servers one after another)."""
-    cell = columns.get(name, {}).get("reference", {}).get(split, {}).get(str(c))
-    return cell["output_tokens_per_s"] if cell else rate(columns, BASELINE, split, c)
-
-
 def _cell(columns: Mapping[str, Any], name: str, split: str, c: int, part: str = "cells") -> dict | None:
     return columns.get(name, {}).get(part, {}).get(split, {}).get(str(c))
 
 
 def speedup(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
-    """A cell's tokens/s over its k=0 reference's; measured in rounds (--rounds), the median of the
-    per-round ratios: each round's pair was measured minutes apart at most, so a host whose speed
-    drifts between rounds moves both alike, and one disturbed round does not move the median."""
+    """A cell's tokens/s over its k=0 reference's: the k=0 cell measured alongside it (servers
+    interleaved: `reference` cells), else the k=0 column (servers one after another). Measured in
+    rounds (--rounds), the median of the per-round ratios: each round's pair was measured minutes
+    apart at most, so a host whose speed drifts between rounds moves both alike, and one
+    disturbed round does not move the median."""
     cell = _cell(columns, name, split, c)
     base = _cell(columns, name, split, c, "reference") or _cell(columns, BASELINE, split, c)
-    ours, theirs = ((x or {}).get("rounds_output_tokens_per_s") or [] for x in (cell, base))
+    if not cell or not base or not base["output_tokens_per_s"]:
+        return None
+    ours, theirs = cell.get("rounds_output_tokens_per_s") or [], base.get("rounds_output_tokens_per_s") or []
     if len(ours) > 1 and len(ours) == len(theirs) and all(theirs):
         return statistics.median(a / b for a, b in zip(ours, theirs))
-    r, rate0 = rate(columns, name, split, c), reference_rate(columns, name, split, c)
-    return r / rate0 if r is not None and rate0 else None
+    return cell["output_tokens_per_s"] / base["output_tokens_per_s"]
 
 
 def add_speedups(columns: dict[str, Any]) -> None:
