@@ -3,6 +3,7 @@
     python -m benchmarks.runtime_options --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
         [--variants none,tcmalloc,iomp,both] [--k 0,3] [--concurrency 1,4] [--rounds 2]
         [--cells default:0,default:2,default:config,nst-max:config] [--interleave]
+        [--schedule NAME=JSON ...]   # adds variant sched-NAME: that batch-size schedule (cell sched-NAME:config)
 
 Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
 binding) and/or config overrides; every (variant, k) gets its own server, and the
@@ -123,7 +124,7 @@ def alternate(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], c
 def interleave(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], concurrency: list[int],
                rounds: int, max_tokens: int, out: Path) -> dict[str, list[dict[int, float]]]:
     """Every plan entry's server up at once; each round runs each concurrency on each server
-    in turn (the order reversed every other round). The servers take turns every few
+    in turn, in the same order every round. The servers take turns every few
     seconds, so a host whose speed drifts over minutes (a shared VM) moves them alike;
     `alternate` restarts them minutes apart. Needs the memory of all servers at once."""
     model = load_settings(config).settings.served_model_name
@@ -137,10 +138,11 @@ def interleave(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], 
                                                                out / f"{label}.log", env={**os.environ, **env}))
             asyncio.run(warm_up(servers[label].url, model, items))
         for r in range(rounds):
-            order = list(plan) if r % 2 == 0 else list(plan)[::-1]
+            # one order every round, so each cell follows another server's (a server's first cell
+            # after another's ran 3-9 % slower on a 2-core VM; docs/bench-cpu-default.md, session 18)
             got: dict[str, dict[int, float]] = {label: {} for label in plan}
             for c in concurrency:
-                for label in order:
+                for label in plan:
                     got[label].update(asyncio.run(measure(servers[label].url, model, items, [c], max_tokens,
                                                           warm=False)))
             for label in plan:
@@ -160,10 +162,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("runs/runtime-options"))
+    parser.add_argument("--schedule", action="append", default=[], metavar="NAME=JSON",
+                        help="a variant sched-NAME serving this batch-size schedule, e.g. "
+                             "zen4='[[1,11,1],[12,128,0]]' (its cells: sched-NAME:config)")
     parser.add_argument("--interleave", action="store_true",
                         help="all servers up at once, taking turns every cell (a noisy host; needs their memory)")
     args = parser.parse_args()
     known = variants(args.config)
+    for item in args.schedule:
+        name, _, text = item.partition("=")
+        entries = json.loads(text)
+        known[f"sched-{name}"] = ({}, ["--speculative.num_speculative_tokens", str(max(k for _, _, k in entries)),
+                                       "--speculative.num_speculative_tokens_per_batch_size", json.dumps(entries)])
     if args.cells:
         cells = [(cell.partition(":")[0], cell.partition(":")[2]) for cell in args.cells.split(",") if cell]
     else:

@@ -123,16 +123,27 @@ def add_speedups(columns: dict[str, Any]) -> None:
                 cell["speedup"] = speedup(columns, name, split, int(c))
 
 
+def _apart(a: float, b: float) -> float:
+    return abs(a - b) / ((a + b) / 2)
+
+
 def noise(columns: Mapping[str, Any], split: str = "judge") -> dict[str, float]:
     """Run-to-run noise per concurrency: how far apart the same method puts two k=0 runs, the
     repeat and its reference (interleaved: the k=0 cells just before and after the schedule's;
-    one after another: the first and the last server): |a - b| / mean of the two, a / b taken
-    as `speedup` takes it (in rounds: the median of the per-round ratios)."""
+    one after another: the first and the last server), as |a - b| / mean of the two. Measured in
+    rounds, the median over rounds of each round's pair: what one round's ratio of two identical
+    servers strays by. (Not the stray of the median ratio: two k=0 servers 0.99x, 1.13x and 0.89x
+    apart in three rounds have a median ratio of 0.99x, but a speed-up measured the same way
+    can be 11 % off; session 18's short run, docs/bench-cpu-default.md.)"""
     out = {}
-    for c in columns.get(REPEAT, {}).get("cells", {}).get(split, {}):
-        r = speedup(columns, REPEAT, split, int(c))
-        if r:
-            out[c] = abs(r - 1) / ((r + 1) / 2)
+    for c, cell in columns.get(REPEAT, {}).get("cells", {}).get(split, {}).items():
+        base = _cell(columns, REPEAT, split, int(c), "reference") or _cell(columns, BASELINE, split, int(c))
+        ours = cell.get("rounds_output_tokens_per_s") or []
+        theirs = (base or {}).get("rounds_output_tokens_per_s") or []
+        if len(ours) > 1 and len(ours) == len(theirs) and all(ours) and all(theirs):
+            out[c] = statistics.median(_apart(a, b) for a, b in zip(ours, theirs))
+        elif (r := speedup(columns, REPEAT, split, int(c))):
+            out[c] = _apart(r, 1.0)
     return out
 
 
@@ -333,7 +344,7 @@ def markdown(result: Mapping[str, Any]) -> str:
                if result["servers"].get("repeat") == "second k=0 server"
                else "the k=0 cells just before and after the schedule's")
     if result["settings"].get("rounds", 1) > 1:
-        between += " (their per-round ratio's median)"
+        between += ", each round's pair, the median over rounds"
     lines += ["", f"Noise: |{between}| / mean, per concurrency, judge prompts "
                   f"(median {fmt(result['noise_median'], '{:.1%}')}).", "",
               f"**Recommendation:** {result['recommendation']}", ""]

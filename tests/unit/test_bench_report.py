@@ -136,7 +136,12 @@ def test_in_rounds_speedups_and_noise_are_medians_of_per_round_ratios():
                                                        "rounds_output_tokens_per_s": [21.0, 10.0, 33.0]}}}}}
     cols["k=2"]["reference"] = cols["k=0 (repeat)"]["reference"] = cols["k=0"]["cells"]
     assert report.speedup(cols, "k=2", "judge", 1) == pytest.approx(1.25)
-    assert report.noise(cols) == {"1": pytest.approx(0.05 / 1.025)}  # median ratio 1.05: |r - 1| / ((r + 1) / 2)
+    # each round's pair 21/20, 10/10, 33/30 apart by |a - b| / mean: 4.9 %, 0 %, 9.5 %; the median
+    assert report.noise(cols) == {"1": pytest.approx(1 / 20.5)}
+    # the median ratio (1.05x) would say the same here; not when the rounds stray both ways
+    cols["k=0 (repeat)"]["cells"]["judge"]["1"]["rounds_output_tokens_per_s"] = [19.8, 11.3, 26.7]
+    assert report.speedup(cols, "k=0 (repeat)", "judge", 1) == pytest.approx(0.99)
+    assert report.noise(cols) == {"1": pytest.approx(3.3 / 28.35)}  # 1 %, 12.2 %, 11.6 %: the median 11.6 %
     # one round (or unequal rounds): the ratio of the rates, as before
     one = {name: {"cells": {"judge": {"1": {**cell["cells"]["judge"]["1"], "rounds_output_tokens_per_s": [1.0]}}}}
            for name, cell in cols.items()}
