@@ -168,6 +168,23 @@ def choose_k(columns: Mapping[str, Any], ks: Sequence[int], concurrencies: Seque
     return choice
 
 
+def close_calls(columns: Mapping[str, Any], choice: Mapping[int, int], ks: Sequence[int],
+                noise_by_c: Mapping[str, float], split: str = "derive") -> dict[int, list[int]]:
+    """Per concurrency whose noise was measured: the other k (0: the k=0 `choose_k` weighs) whose
+    speed-up on the derive prompts lies within that noise of the chosen k's, so the choice
+    between them is a coin toss at this run's length; empty where the choice stands clear."""
+    def rate(c: int, k: int) -> float | None:
+        return (speedup(columns, SPEC_K0, split, c) or 1.0) if k == 0 else speedup(columns, f"k={k}", split, c)
+
+    out = {}
+    for c, chosen in choice.items():
+        n, best = noise_by_c.get(str(c)), rate(c, chosen)
+        if n is None or best is None:
+            continue
+        out[c] = [k for k in ks if k != chosen and (r := rate(c, k)) is not None and r >= best * (1 - n)]
+    return out
+
+
 def schedule_from_choice(choice: Mapping[int, int], max_batch: int) -> list[list[int]]:
     """Inclusive batch-size ranges [lo, hi, k] around the measured concurrencies.
 
@@ -326,6 +343,10 @@ def markdown(result: Mapping[str, Any]) -> str:
     lines += [line + " |" for line in rate_rows(columns, "derive", cs)]
     derived = result["derived"]
     lines.append("| **chosen k** | " + " | ".join(str(derived["choice"].get(str(c), "-")) for c in cs) + " | |")
+    if "close_calls" in derived:
+        close = derived["close_calls"]
+        lines.append("| within the noise of the chosen k | " + " | ".join(
+            ", ".join(f"k={k}" for k in close[str(c)]) or "none" if str(c) in close else "-" for c in cs) + " | |")
     lines += ["", f"Schedule (`speculative.num_speculative_tokens_per_batch_size`): `{derived['schedule']}` "
                   f"(k > 0 only where it beats k=0 by more than {100 * derived['margin']:.0f} %, k=0 as a "
                   f"speculative engine serves it when `{SPEC_K0}` was measured); "

@@ -52,6 +52,18 @@ def test_choose_k_measures_k_against_the_k0_a_schedule_really_serves():
     assert report.k0_cost(cols, [8, 32]) == {8: pytest.approx(0.07), 32: pytest.approx(0.075)}
 
 
+def test_close_calls_name_the_k_within_the_noise_of_the_chosen_one():
+    cols = columns({"k=0": {1: 30, 4: 100, 32: 400}, "k=2": {1: 40, 4: 110, 32: 300},
+                    "k=3": {1: 42, 4: 102, 32: 280}, report.SPEC_K0: {1: 30, 4: 100, 32: 380}})
+    choice = report.choose_k(cols, [0, 2, 3], [1, 4, 32], margin=0.03)
+    assert choice == {1: 3, 4: 2, 32: 0}
+    # c=1: k=2 (1.33x) within 6 % of k=3 (1.40x), k=0 not; c=4: with 2 % noise k=3 (1.02x) is
+    # not within reach of k=2 (1.10x); c=32: k=0 is the speculative engine's 0.95x, k=2 0.75x
+    close = report.close_calls(cols, choice, [0, 2, 3], {"1": 0.06, "4": 0.02, "32": 0.30})
+    assert close == {1: [2], 4: [], 32: [2, 3]}
+    assert report.close_calls(cols, choice, [0, 2, 3], {"1": 0.06}) == {1: [2]}  # no noise figure, no entry
+
+
 def test_schedule_ranges_cover_every_batch_size_and_pass_preflight():
     schedule = report.schedule_from_choice({1: 3, 2: 3, 4: 2, 8: 2, 16: 0, 32: 0}, max_batch=128)
     assert schedule == [[1, 2, 3], [3, 11, 2], [12, 128, 0]]  # split at the geometric means (2.8, 11.3)
