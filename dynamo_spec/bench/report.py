@@ -99,19 +99,28 @@ def _cell(columns: Mapping[str, Any], name: str, split: str, c: int, part: str =
     return columns.get(name, {}).get(part, {}).get(split, {}).get(str(c))
 
 
+def _rounds(columns: Mapping[str, Any], name: str, split: str, c: int) -> tuple[dict | None, dict | None, list]:
+    """A cell, its k=0 reference (interleaved: the `reference` cell, else the k=0 column's) and
+    their per-round tokens/s as pairs when both were measured in the same number (> 1) of rounds."""
+    cell = _cell(columns, name, split, c)
+    base = _cell(columns, name, split, c, "reference") or _cell(columns, BASELINE, split, c)
+    ours = (cell or {}).get("rounds_output_tokens_per_s") or []
+    theirs = (base or {}).get("rounds_output_tokens_per_s") or []
+    pairs = list(zip(ours, theirs)) if len(ours) > 1 and len(ours) == len(theirs) and all(theirs) else []
+    return cell, base, pairs
+
+
 def speedup(columns: Mapping[str, Any], name: str, split: str, c: int) -> float | None:
     """A cell's tokens/s over its k=0 reference's: the k=0 cell measured alongside it (servers
     interleaved: `reference` cells), else the k=0 column (servers one after another). Measured in
     rounds (--rounds), the median of the per-round ratios: each round's pair was measured minutes
     apart at most, so a host whose speed drifts between rounds moves both alike, and one
     disturbed round does not move the median."""
-    cell = _cell(columns, name, split, c)
-    base = _cell(columns, name, split, c, "reference") or _cell(columns, BASELINE, split, c)
+    cell, base, pairs = _rounds(columns, name, split, c)
     if not cell or not base or not base["output_tokens_per_s"]:
         return None
-    ours, theirs = cell.get("rounds_output_tokens_per_s") or [], base.get("rounds_output_tokens_per_s") or []
-    if len(ours) > 1 and len(ours) == len(theirs) and all(theirs):
-        return statistics.median(a / b for a, b in zip(ours, theirs))
+    if pairs:
+        return statistics.median(a / b for a, b in pairs)
     return cell["output_tokens_per_s"] / base["output_tokens_per_s"]
 
 
@@ -136,15 +145,18 @@ def noise(columns: Mapping[str, Any], split: str = "judge") -> dict[str, float]:
     apart in three rounds have a median ratio of 0.99x, but a speed-up measured the same way
     can be 11 % off; session 18's short run, docs/bench-cpu-default.md.)"""
     out = {}
-    for c, cell in columns.get(REPEAT, {}).get("cells", {}).get(split, {}).items():
-        base = _cell(columns, REPEAT, split, int(c), "reference") or _cell(columns, BASELINE, split, int(c))
-        ours = cell.get("rounds_output_tokens_per_s") or []
-        theirs = (base or {}).get("rounds_output_tokens_per_s") or []
-        if len(ours) > 1 and len(ours) == len(theirs) and all(ours) and all(theirs):
-            out[c] = statistics.median(_apart(a, b) for a, b in zip(ours, theirs))
+    for c in columns.get(REPEAT, {}).get("cells", {}).get(split, {}):
+        _, _, pairs = _rounds(columns, REPEAT, split, int(c))
+        if pairs and all(a for a, _ in pairs):
+            out[c] = statistics.median(_apart(a, b) for a, b in pairs)
         elif (r := speedup(columns, REPEAT, split, int(c))):
             out[c] = _apart(r, 1.0)
     return out
+
+
+def _k0_speedup(columns: Mapping[str, Any], split: str, c: int) -> float:
+    """The k=0 a schedule serves: a speculative engine at k=0 where measured, else no speculation."""
+    return speedup(columns, SPEC_K0, split, c) or 1.0
 
 
 def choose_k(columns: Mapping[str, Any], ks: Sequence[int], concurrencies: Sequence[int], margin: float,
@@ -158,8 +170,7 @@ def choose_k(columns: Mapping[str, Any], ks: Sequence[int], concurrencies: Seque
     """
     choice = {}
     for c in concurrencies:
-        base = speedup(columns, SPEC_K0, split, c) or 1.0
-        best_k, best = 0, base * (1 + margin)
+        best_k, best = 0, _k0_speedup(columns, split, c) * (1 + margin)
         for k in ks:
             r = speedup(columns, f"k={k}", split, c) if k else None
             if r is not None and r > best:
@@ -174,7 +185,7 @@ def close_calls(columns: Mapping[str, Any], choice: Mapping[int, int], ks: Seque
     speed-up on the derive prompts lies within that noise of the chosen k's, so the choice
     between them is a coin toss at this run's length; empty where the choice stands clear."""
     def rate(c: int, k: int) -> float | None:
-        return (speedup(columns, SPEC_K0, split, c) or 1.0) if k == 0 else speedup(columns, f"k={k}", split, c)
+        return _k0_speedup(columns, split, c) if k == 0 else speedup(columns, f"k={k}", split, c)
 
     out = {}
     for c, chosen in choice.items():
@@ -245,7 +256,7 @@ def k0_cost(columns: Mapping[str, Any], concurrencies: Sequence[int], split: str
 
 
 def recommendation(choice: Mapping[int, int], entries: list[list[int]],
-                   cost: Mapping[int, float] | None = None) -> str:
+                   cost: Mapping[int, float] | None = None, close: Mapping[int, list[int]] | None = None) -> str:
     pays = sorted(c for c, k in choice.items() if k > 0)
     loses = sorted(c for c, k in choice.items() if k == 0)
     if not pays:
@@ -263,6 +274,9 @@ def recommendation(choice: Mapping[int, int], entries: list[list[int]],
                  f"less than one without speculation (at concurrency {', '.join(map(str, loses))}, derive prompts): "
                  "vLLM keeps the draft's KV cache current in every step. If most of your traffic runs there, "
                  "serve without speculation (speculative.enabled: false).")
+    if tied := [c for c, v in (close or {}).items() if v]:
+        text += (f" At concurrency {', '.join(map(str, tied))} another k served within this run's noise of the "
+                 "chosen one: more --rounds would settle it.")
     return text
 
 

@@ -483,18 +483,14 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
         bench.bar.close()
     report.add_speedups(result["columns"])
     result["verdict"] = report.verdict(result["columns"], concurrencies, ks)
-    noise = list(report.noise(result["columns"]).values())
-    result["noise_median"] = statistics.median(noise) if noise else None
+    noise = report.noise(result["columns"])
+    result["noise_median"] = statistics.median(noise.values()) if noise else None
     choice = {int(c): k for c, k in result["derived"]["choice"].items()}
     cost = report.k0_cost(result["columns"], concurrencies)
     result["k0_cost"] = {str(c): v for c, v in cost.items()}
-    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"], cost)
-    close = report.close_calls(result["columns"], choice, ks, report.noise(result["columns"]))
+    close = report.close_calls(result["columns"], choice, ks, noise)
     result["derived"]["close_calls"] = {str(c): v for c, v in close.items()}
-    if tied := [c for c, v in close.items() if v]:
-        result["recommendation"] += (
-            f" At concurrency {', '.join(map(str, tied))} another k served within this run's noise of the chosen "
-            "one: more --rounds would settle it.")
+    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"], cost, close)
     result["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench.md").write_text(report.markdown(result))
