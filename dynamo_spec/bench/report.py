@@ -16,6 +16,8 @@ from dynamo_spec.bench.load import CellResult
 BASELINE = "k=0"
 REPEAT = "k=0 (repeat)"
 SCHEDULE = "schedule"
+# The schedule the benchmarked config already carries (for the engine's dtype), as a user serves it.
+CONFIGURED = "config's schedule"
 # Speculation on, but k=0 at every batch size: what a schedule's k=0 ranges serve. vLLM keeps
 # the draft's KV cache current in those steps, so this is not free (see SPEC_K0 in choose_k).
 SPEC_K0 = "k=0 (speculative engine)"
@@ -215,13 +217,23 @@ def schedule_from_choice(choice: Mapping[int, int], max_batch: int) -> list[list
     return entries
 
 
+def _judged(columns: Mapping[str, Any], name: str, c: int, best: float, n: float | None,
+            target: float | None) -> tuple[float | None, float | None, bool | None, bool | None]:
+    """A column's speed-up at `c` (judge prompts), its ratio to the best fixed k's, whether it
+    meets `target`, whether it lies within the noise `n` of the best fixed k."""
+    r = speedup(columns, name, "judge", c)
+    vs_best = r / best if r else None
+    return (r, vs_best, None if target is None or r is None else r >= target,
+            None if vs_best is None or n is None else vs_best >= 1 - n)
+
+
 def verdict(columns: Mapping[str, Any], concurrencies: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
-    """Judge split: the schedule against k=0 and the best fixed k (by speed-up against each
-    column's k=0 reference), per concurrency, within the noise."""
+    """Judge split: the derived schedule (and, where measured, the config's own: `config_*`)
+    against k=0, the issue's targets and the best fixed k (by speed-up against each column's
+    k=0 reference), per concurrency, within the noise."""
     noise_by_c = noise(columns)
     rows = {}
     for c in concurrencies:
-        sched = speedup(columns, SCHEDULE, "judge", c)
         fixed = {k: speedup(columns, f"k={k}", "judge", c) for k in ks if k}
         fixed = {k: r for k, r in fixed.items() if r is not None}
         best_k = max(fixed, key=fixed.get) if fixed else None
@@ -229,18 +241,13 @@ def verdict(columns: Mapping[str, Any], concurrencies: Sequence[int], ks: Sequen
             best_k = 0
         best = 1.0 if best_k == 0 else fixed[best_k]
         n = noise_by_c.get(str(c))
-        row = {
-            "schedule_speedup": sched,
-            "best_fixed_k": best_k,
-            "schedule_vs_best_fixed": sched / best if sched else None,
-            "noise": n,
-        }
         target = TARGET_C1 if c == 1 else TARGET_HIGH if c >= 4 else None
-        row["target"] = target
-        row["meets_target"] = None if target is None or row["schedule_speedup"] is None else (
-            row["schedule_speedup"] >= target)
-        row["within_noise_of_best"] = None if row["schedule_vs_best_fixed"] is None or n is None else (
-            row["schedule_vs_best_fixed"] >= 1 - n)
+        row = {"best_fixed_k": best_k, "noise": n, "target": target}
+        (row["schedule_speedup"], row["schedule_vs_best_fixed"], row["meets_target"],
+         row["within_noise_of_best"]) = _judged(columns, SCHEDULE, c, best, n, target)
+        if CONFIGURED in columns:
+            (row["config_speedup"], row["config_vs_best_fixed"], row["config_meets_target"],
+             row["config_within_noise_of_best"]) = _judged(columns, CONFIGURED, c, best, n, target)
         rows[str(c)] = row
     return rows
 
@@ -256,7 +263,26 @@ def k0_cost(columns: Mapping[str, Any], concurrencies: Sequence[int], split: str
 
 
 def recommendation(choice: Mapping[int, int], entries: list[list[int]],
-                   cost: Mapping[int, float] | None = None, close: Mapping[int, list[int]] | None = None) -> str:
+                   cost: Mapping[int, float] | None = None, close: Mapping[int, list[int]] | None = None,
+                   configured: list[list[int]] | None = None, rows: Mapping[str, Any] | None = None) -> str:
+    """`configured`: the config's own schedule, judged in `rows` (the verdict's) when it was measured."""
+    return _derived_text(choice, entries, cost, close) + _configured_text(configured, rows or {})
+
+
+def _configured_text(configured: list[list[int]] | None, rows: Mapping[str, Any]) -> str:
+    judged = {c: row for c, row in rows.items() if row.get("config_speedup") is not None}
+    if configured is None or not judged:
+        return ""
+    missed = [f"{c} ({row['config_speedup']:.2f}x, target {row['target']}x)" for c, row in judged.items()
+              if row["config_meets_target"] is False]
+    text = f" The config's own schedule {configured} "
+    if not missed:
+        return text + "met the targets at every measured concurrency that has one."
+    return text + f"missed the targets at concurrency {', '.join(missed)}."
+
+
+def _derived_text(choice: Mapping[int, int], entries: list[list[int]],
+                  cost: Mapping[int, float] | None, close: Mapping[int, list[int]] | None) -> str:
     pays = sorted(c for c, k in choice.items() if k > 0)
     loses = sorted(c for c, k in choice.items() if k == 0)
     if not pays:
@@ -303,8 +329,9 @@ def servers_line(servers: Mapping[str, Any]) -> str:
         return ("Servers: one at a time (k=0 first and last); speed-ups against the first k=0 server. "
                 "On a host whose speed drifts, prefer --together (on CPU the default).")
     groups = " then ".join(" + ".join(g) for g in servers["groups"])
+    final = " + ".join(n for n in servers.get("final", [SCHEDULE]) if n != REPEAT)
     return (f"Servers: a k=0 server up the whole run ({servers['reference_rss_gib']} GiB resident); beside it "
-            f"{groups}, then the schedule; they take turns cell by cell and each speed-up is against the k=0 cell "
+            f"{groups}, then {final}; they take turns cell by cell and each speed-up is against the k=0 cell "
             "measured alongside (the k=0 row: the first group's).")
 
 
@@ -365,15 +392,28 @@ def markdown(result: Mapping[str, Any]) -> str:
                   f"(k > 0 only where it beats k=0 by more than {100 * derived['margin']:.0f} %, k=0 as a "
                   f"speculative engine serves it when `{SPEC_K0}` was measured); "
                   f"config written to `{derived['config_file']}`.", ""]
-    lines += ["## Verdict (judge prompts)", "",
-              "| concurrency | schedule vs k=0 | target | best fixed k | schedule vs best fixed k | noise | within noise |",
-              "|---|---|---|---|---|---|---|"]
+    configured = CONFIGURED in columns
+    lines += ["## Verdict (judge prompts)", ""]
+    if configured:
+        lines += [f"The config's own schedule, as it serves: `{result['settings'].get('config_schedule')}`.", ""]
+    lines += ["| concurrency | schedule vs k=0 | target | best fixed k | schedule vs best fixed k | noise | within noise |"
+              + (" config's schedule vs k=0 | target | vs best fixed k | within noise |" if configured else ""),
+              "|---|---|---|---|---|---|---|" + ("---|---|---|---|" if configured else "")]
+    yes_no = {True: "yes", False: "NO", None: "-"}
+
+    def judged(v: Mapping[str, Any], speedup_key: str, meets_key: str) -> str:
+        return "-" if v.get("target") is None or v.get(speedup_key) is None else \
+            f">= {v['target']}x: {yes_no[v.get(meets_key)]}"
+
     for c in cs:
         v = result["verdict"].get(str(c), {})
-        target = "-" if v.get("target") is None else f">= {v['target']}x: {'yes' if v['meets_target'] else 'NO'}"
-        within = {True: "yes", False: "NO", None: "-"}[v.get("within_noise_of_best")]
-        lines.append(f"| {c} | {fmt(v.get('schedule_speedup'), '{:.2f}x')} | {target} | {v.get('best_fixed_k', '-')} | "
-                     f"{fmt(v.get('schedule_vs_best_fixed'), '{:.3f}')} | {fmt(v.get('noise'), '{:.1%}')} | {within} |")
+        line = (f"| {c} | {fmt(v.get('schedule_speedup'), '{:.2f}x')} | {judged(v, 'schedule_speedup', 'meets_target')} | "
+                f"{v.get('best_fixed_k', '-')} | {fmt(v.get('schedule_vs_best_fixed'), '{:.3f}')} | "
+                f"{fmt(v.get('noise'), '{:.1%}')} | {yes_no[v.get('within_noise_of_best')]} |")
+        if configured:
+            line += (f" {fmt(v.get('config_speedup'), '{:.2f}x')} | {judged(v, 'config_speedup', 'config_meets_target')} | "
+                     f"{fmt(v.get('config_vs_best_fixed'), '{:.3f}')} | {yes_no[v.get('config_within_noise_of_best')]} |")
+        lines.append(line)
     between = ("k=0 first run - k=0 last run" if not interleaved(result)
                else "the k=0 server's cells - a second k=0 server's, taking turns with the schedule"
                if result["servers"].get("repeat") == "second k=0 server"
@@ -417,7 +457,8 @@ def plots(result: Mapping[str, Any], out_dir: Any) -> list[str]:
     for name, column in columns.items():
         cells = column["cells"].get("judge", {})
         xs = [c for c in cs if str(c) in cells]
-        style = {"linewidth": 3, "color": "black"} if name == SCHEDULE else {"linestyle": "--"} if name == REPEAT else {}
+        style = ({"linewidth": 3, "color": "black"} if name == SCHEDULE else {"linewidth": 2, "color": "grey"}
+                 if name == CONFIGURED else {"linestyle": "--"} if name == REPEAT else {})
         ax1.plot(xs, [cells[str(c)]["output_tokens_per_s"] for c in xs], marker="o", label=name, **style)
         ax2.plot(xs, [cells[str(c)].get("speedup") or 0 for c in xs], marker="o", label=name, **style)
     for ax, title in ((ax1, "output tokens/s"), (ax2, "speed-up vs k=0")):

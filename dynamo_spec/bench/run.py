@@ -2,8 +2,9 @@
 
 Columns: k=0, k=1.., k=0 in a speculative engine (speculation on, schedule k=0 at every
 batch size: what the schedule's k=0 ranges serve, and the k=0 a schedule's k > 0 must beat),
-each on the derive and the judge prompts; then the schedule derived from them and k=0 again
-(the run-to-run noise), on the judge prompts. On CPU the servers run side by side: a k=0
+each on the derive and the judge prompts; then the schedule derived from them, the config's own
+schedule where it has one for the engine's dtype (as the config serves it; not when the derived
+one is the same), and k=0 again (the run-to-run noise), on the judge prompts. On CPU the servers run side by side: a k=0
 server up the whole run, the others in groups beside it taking turns cell by cell, each
 speed-up against the k=0 cell measured alongside (`_Bench.interleaved`). With --together 0
 (GPU) one server at a time, k=0 first and last (`_Bench.sequential`).
@@ -284,6 +285,7 @@ class _Bench:
         self.args, self.config, self.model, self.concurrencies = args, config, model, concurrencies
         self.splits, self.judge = splits, {"judge": splits["judge"]}
         self.result, self.max_batch = result, max_batch
+        self.configured = result["settings"]["config_schedule"]  # the config's own schedule, or None
         self.bar = tqdm(total=0, unit="req", desc="bench")
 
     def requests(self, columns: float, splits: int = 2) -> int:
@@ -317,6 +319,10 @@ class _Bench:
     def save(self) -> None:
         (self.args.out / "bench.json").write_text(json.dumps(self.result, indent=2))  # partial results survive
 
+    def judge_configured(self) -> bool:
+        """Whether the config's own schedule gets a column: it has one that the derived one is not."""
+        return self.configured is not None and self.configured != self.result["derived"]["schedule"]
+
     def derive_schedule(self, ks: list[int]) -> list[str]:
         """The schedule from the first phase's columns, written as a config; its server's overrides."""
         choice = report.choose_k(self.result["columns"], ks, self.concurrencies, self.args.margin)
@@ -329,13 +335,16 @@ class _Bench:
         return _server_overrides(top, schedule) if top else _server_overrides(0, None)
 
     async def sequential(self, ks: list[int], never: list[list[int]]) -> None:
-        """One server at a time: k=0, the others, the schedule, k=0 again (the noise)."""
+        """One server at a time: k=0, the others, the schedule, the config's own, k=0 again (the noise)."""
         k0 = _server_overrides(0, None)
         plan = [(report.BASELINE, k0, self.splits), *((n, o, self.splits) for n, o in _others(ks, never))]
-        self.grow(self.requests(len(plan)) + self.requests(2, splits=1))
-        for name, overrides, splits in [*plan, (report.SCHEDULE, None, self.judge), (report.REPEAT, k0, self.judge)]:
-            if overrides is None:
+        self.grow(self.requests(len(plan)) + self.requests(2 + (self.configured is not None), splits=1))
+        for name, overrides, splits in [*plan, (report.SCHEDULE, None, self.judge), (report.CONFIGURED, [], self.judge),
+                                        (report.REPEAT, k0, self.judge)]:
+            if name == report.SCHEDULE:
                 overrides = self.derive_schedule(ks)
+            elif name == report.CONFIGURED and not self.judge_configured():
+                continue
             self.bar.set_description(f"start {name}")
             with self.server(name, overrides) as server:
                 await self.warm_up(server)
@@ -365,7 +374,8 @@ class _Bench:
                                       "reference_rss_gib": round(rss / 2**30, 2)}
             tqdm.write(f"bench: a k=0 server ({rss / 2**30:.1f} GiB) up the whole run; beside it "
                        f"{' then '.join('+'.join(n for n, _ in g) for g in groups)}, then the schedule")
-            self.grow(self.requests(len(others) + len(groups)) + self.requests(3, splits=1))
+            self.grow(self.requests(len(others) + len(groups)) + self.requests(3 + (self.configured is not None),
+                                                                               splits=1))
             for g, group in enumerate(groups):
                 with contextlib.ExitStack() as stack:
                     servers = {}
@@ -381,8 +391,15 @@ class _Bench:
             overrides = self.derive_schedule(ks)
             self.bar.set_description(f"start {report.SCHEDULE}")
             with contextlib.ExitStack() as stack:
-                schedule = stack.enter_context(self.server(report.SCHEDULE, overrides))
-                await self.warm_up(schedule)
+                final = {report.SCHEDULE: (stack.enter_context(self.server(report.SCHEDULE, overrides)), overrides)}
+                await self.warm_up(final[report.SCHEDULE][0])
+                # the config's own schedule, as it serves (no override), measured like the derived one
+                if self.judge_configured() and servers_that_fit(rss, 1):
+                    self.bar.set_description(f"start {report.CONFIGURED}")
+                    final[report.CONFIGURED] = (stack.enter_context(self.server(report.CONFIGURED, [])), [])
+                    await self.warm_up(final[report.CONFIGURED][0])
+                elif self.judge_configured():
+                    tqdm.write(f"bench: free memory holds no server for {report.CONFIGURED}: not measured")
                 # The repeat: a second k=0 server where memory holds one, so that every cell follows
                 # another server's (a server's first cell after another's runs a few per cent slower
                 # on a 2-core VM); else the k=0 server again, right before its own next cell.
@@ -392,11 +409,13 @@ class _Bench:
                     repeat = stack.enter_context(self.server(report.REPEAT, k0))
                     await self.warm_up(repeat)
                 self.result["servers"]["repeat"] = "second k=0 server" if repeat is not reference else "k=0 server"
-                turns = [("before", reference), (report.SCHEDULE, schedule), (report.REPEAT, repeat)]
+                self.result["servers"]["final"] = [*final, report.REPEAT]
+                final[report.REPEAT] = (repeat, k0)
+                turns = [("before", reference), *((name, server) for name, (server, _) in final.items())]
                 record = functools.partial(
-                    self.record_group, group=[(report.SCHEDULE, overrides), (report.REPEAT, k0)],
-                    servers={report.SCHEDULE: schedule, report.REPEAT: repeat}, reference_name="before")
-                await self.take_turns(turns, self.judge, on_cells=record)  # k=0, schedule, k=0
+                    self.record_group, group=[(name, o) for name, (_, o) in final.items()],
+                    servers={name: server for name, (server, _) in final.items()}, reference_name="before")
+                await self.take_turns(turns, self.judge, on_cells=record)  # k=0, schedule(s), k=0
         return True
 
     def record_group(self, cells: dict[str, dict], *, group: list[tuple[str, list[str]]],
@@ -446,6 +465,7 @@ def default_together(args: argparse.Namespace, on_cpu: bool) -> int | None:
 
 async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
     from dynamo_spec.config_loader import load_settings
+    from dynamo_spec.engine_args import schedule_for
     from dynamo_spec.host import detect_host, resolve_dtype
     from dynamo_spec.preflight import effective_max_num_seqs
 
@@ -459,6 +479,8 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     model = settings.served_model_name
     derive, judge = split(sets)
     max_batch = effective_max_num_seqs(settings, host.on_cpu)
+    dtype = resolve_dtype(settings.engine.dtype, host)[0]
+    configured = schedule_for(settings, dtype)[0] if settings.speculative.enabled else None
     never = [[1, max_batch, 0]]  # speculation on, never a draft token: the schedule's k=0 ranges
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -470,8 +492,9 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
                      "concurrency": concurrencies, "requests": args.requests,
                      "per_client": args.per_client, "rounds": args.rounds, "max_tokens": args.max_tokens,
                      "temperature": args.temperature, "prompt_sets": {n: len(v) for n, v in sets.items()},
-                     "derive_prompts": len(derive), "judge_prompts": len(judge)},
-        "host": host_info(resolve_dtype(settings.engine.dtype, host)[0], settings.engine.cpu_preload),
+                     "derive_prompts": len(derive), "judge_prompts": len(judge),
+                     "config_schedule": None if configured is None else [list(e) for e in configured]},
+        "host": host_info(dtype, settings.engine.cpu_preload),
         "servers": {"mode": "sequential"},
         "columns": {},
     }
@@ -490,7 +513,8 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     result["k0_cost"] = {str(c): v for c, v in cost.items()}
     close = report.close_calls(result["columns"], choice, ks, noise)
     result["derived"]["close_calls"] = {str(c): v for c, v in close.items()}
-    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"], cost, close)
+    result["recommendation"] = report.recommendation(choice, result["derived"]["schedule"], cost, close,
+                                                     result["settings"]["config_schedule"], result["verdict"])
     result["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench.md").write_text(report.markdown(result))

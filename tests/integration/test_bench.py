@@ -17,12 +17,17 @@ pytestmark = pytest.mark.integration
 KS = [0, 1, 3]
 CONCURRENCY = [1, 4]
 ROUNDS = 2
+# The config's own schedule: k=3 for one request, k=1 from two. No derived schedule can equal it
+# (the derived ranges end at 2 for the concurrencies 1 and 4, or at 1 with --k 0,1), so the bench
+# gives it a column.
+CONFIGURED = [[1, 1, 3], [2, 128, 1]]
 PROMPTS = ["What is the capital of France?", "Write a poem about the sea.", "def add(a, b):", "Hello!",
            "Explain speculative decoding.", "Tell me a story about a cat."]
 
 
 def run_bench(tiny_models, work, ks: list[int], concurrency: list[int], *options: str):
-    config = tiny_config(tiny_models["fixed_target"], tiny_models["partial_draft"], k=3)
+    config = tiny_config(tiny_models["fixed_target"], tiny_models["partial_draft"], k=3,
+                         speculative={"num_speculative_tokens_per_batch_size": CONFIGURED})
     config_path = work / "tiny.yaml"
     config_path.write_text(yaml.safe_dump(config))
     prompts = work / "prompts.jsonl"
@@ -54,7 +59,8 @@ def median_ratio(cell: dict, base: dict) -> float:
 def test_every_cell_is_present_and_answered(bench):
     result, _, _ = bench
     expected = {f"k={k}": {"derive", "judge"} for k in KS} | {
-        "k=0 (speculative engine)": {"derive", "judge"}, "schedule": {"judge"}, "k=0 (repeat)": {"judge"}}
+        "k=0 (speculative engine)": {"derive", "judge"}, "schedule": {"judge"}, "config's schedule": {"judge"},
+        "k=0 (repeat)": {"judge"}}
     assert {name: set(col["cells"]) for name, col in result["columns"].items()} == expected
     for col in result["columns"].values():
         for cells in col["cells"].values():
@@ -80,6 +86,15 @@ def test_acceptance_is_consistent_and_known(bench):
         assert cell["acceptance_rate"] == pytest.approx(1 / 3)
         assert cell["mean_acceptance_length"] == pytest.approx(2.0)
         assert cell["per_position_acceptance"] == pytest.approx([1.0, 0.0, 0.0])
+    # The config's own schedule served as written: k=3 drafts for one request, k=1 drafts once two
+    # or more run (at c=4 mostly; the drain down to one request drafts 3 again).
+    configured = result["columns"]["config's schedule"]
+    assert configured["overrides"] == [] and result["settings"]["config_schedule"] == CONFIGURED
+    cells = configured["cells"]["judge"]
+    assert cells["1"]["draft_tokens"] == 3 * cells["1"]["drafts"] > 0
+    assert cells["4"]["drafts"] <= cells["4"]["draft_tokens"] < 3 * cells["4"]["drafts"]
+    for cell in cells.values():  # the partial draft: its first position, whatever k
+        assert cell["mean_acceptance_length"] == pytest.approx(2.0)
 
 
 def test_speedups_are_ratios_of_measured_rates(bench):
@@ -103,9 +118,13 @@ def test_speedups_are_ratios_of_measured_rates(bench):
                 assert cell["speedup"] == pytest.approx(median_ratio(cell, base))
                 assert cell["output_tokens_per_s"] == pytest.approx(cell["output_tokens"] / cell["wall_s"])
     before = cols["schedule"]["reference"]["judge"]  # the k=0 server's turn before the schedule's, the repeat's after
-    assert cols["k=0 (repeat)"]["reference"]["judge"] == before
+    assert cols["k=0 (repeat)"]["reference"]["judge"] == cols["config's schedule"]["reference"]["judge"] == before
+    assert servers["final"] == ["schedule", "config's schedule", "k=0 (repeat)"]
     for c, v in result["verdict"].items():
         assert v["schedule_speedup"] == pytest.approx(median_ratio(cols["schedule"]["cells"]["judge"][c], before[c]))
+        assert v["config_speedup"] == pytest.approx(
+            median_ratio(cols["config's schedule"]["cells"]["judge"][c], before[c]))
+        assert v["config_meets_target"] is (None if v["target"] is None else v["config_speedup"] >= v["target"])
         pairs = zip(cols["k=0 (repeat)"]["cells"]["judge"][c]["rounds_output_tokens_per_s"],
                     before[c]["rounds_output_tokens_per_s"])
         assert v["noise"] == pytest.approx(statistics.median(abs(a - b) / ((a + b) / 2) for a, b in pairs))
@@ -126,18 +145,20 @@ def test_schedule_is_derived_written_and_passes_preflight(bench):
     assert set(result["k0_cost"]) == {str(c) for c in CONCURRENCY}
     assert set(derived["close_calls"]) == {str(c) for c in CONCURRENCY}  # the noise is measured at each
     assert "within the noise of the chosen k" in stdout
+    assert f"The config's own schedule {CONFIGURED}" in result["recommendation"]
+    assert "config's schedule vs k=0" in stdout
     assert (out / "bench.md").read_text().startswith("# dynamo-spec bench")
     for png in ("throughput.png", "acceptance_by_position.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_one_server_at_a_time_the_gpu_default(tiny_models, tmp_path):
-    """--together 0: k=0 first, each column alone, the schedule, k=0 again; speed-ups against
-    the first k=0 server, the noise between the first and the last."""
+    """--together 0: k=0 first, each column alone, the schedule, the config's own, k=0 again;
+    speed-ups against the first k=0 server, the noise between the first and the last."""
     result, out, stdout = run_bench(tiny_models, tmp_path, [0, 1], [1, 2], "--together", "0")
     cols = result["columns"]
     assert result["servers"] == {"mode": "sequential"}
-    assert list(cols) == ["k=0", "k=1", "k=0 (speculative engine)", "schedule", "k=0 (repeat)"]
+    assert list(cols) == ["k=0", "k=1", "k=0 (speculative engine)", "schedule", "config's schedule", "k=0 (repeat)"]
     assert not any("reference" in col for col in cols.values())
     for col in cols.values():
         for split, cells in col["cells"].items():

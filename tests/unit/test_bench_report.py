@@ -89,6 +89,25 @@ def test_verdict_compares_the_schedule_with_k0_and_the_best_fixed_k():
     assert v["4"]["meets_target"] is True and v["4"]["within_noise_of_best"] is True  # 0.99 >= 1 - 2 %
 
 
+def test_verdict_judges_the_configs_own_schedule_beside_the_derived_one():
+    cols = columns({"k=0": {1: 30, 4: 100, 16: 200}, "k=3": {1: 45, 4: 90, 16: 150},
+                    "schedule": {1: 44, 4: 99, 16: 199}, report.CONFIGURED: {1: 42, 4: 96, 16: 180},
+                    "k=0 (repeat)": {1: 30, 4: 102, 16: 200}}, "judge")
+    v = report.verdict(cols, [1, 4, 16], [0, 3])
+    assert v["1"]["config_speedup"] == pytest.approx(1.4) and v["1"]["config_meets_target"] is True
+    assert v["1"]["config_vs_best_fixed"] == pytest.approx(42 / 45)
+    assert v["4"]["config_speedup"] == pytest.approx(0.96) and v["4"]["config_meets_target"] is False
+    assert v["4"]["config_within_noise_of_best"] is False  # 0.96 < 1 - 2 %
+    assert v["16"]["config_meets_target"] is False and v["16"]["meets_target"] is True
+    text = report.recommendation({1: 3, 4: 0, 16: 0}, [[1, 2, 3], [3, 128, 0]],
+                                 configured=[[1, 3, 3], [4, 128, 0]], rows=v)
+    assert text.endswith("The config's own schedule [[1, 3, 3], [4, 128, 0]] missed the targets at "
+                         "concurrency 4 (0.96x, target 0.97x), 16 (0.90x, target 0.97x).")
+    assert "config" not in report.recommendation({1: 3}, [[1, 128, 3]], configured=[[1, 128, 3]], rows={})
+    # not measured (no column): no config_* figures
+    assert "config_speedup" not in report.verdict(columns({"k=0": {1: 30}}, "judge"), [1], [0])["1"]
+
+
 def with_reference(cols: dict, name: str, rates: dict[int, float], split_: str) -> dict:
     cols[name]["reference"] = {split_: {str(c): {"output_tokens_per_s": r} for c, r in rates.items()}}
     return cols
