@@ -338,13 +338,15 @@ class _Bench:
         """One server at a time: k=0, the others, the schedule, the config's own, k=0 again (the noise)."""
         k0 = _server_overrides(0, None)
         plan = [(report.BASELINE, k0, self.splits), *((n, o, self.splits) for n, o in _others(ks, never))]
-        self.grow(self.requests(len(plan)) + self.requests(2 + (self.configured is not None), splits=1))
+        self.grow(self.requests(len(plan)) + self.requests(2, splits=1))
         for name, overrides, splits in [*plan, (report.SCHEDULE, None, self.judge), (report.CONFIGURED, [], self.judge),
                                         (report.REPEAT, k0, self.judge)]:
             if name == report.SCHEDULE:
                 overrides = self.derive_schedule(ks)
-            elif name == report.CONFIGURED and not self.judge_configured():
-                continue
+            elif name == report.CONFIGURED:
+                if not self.judge_configured():
+                    continue
+                self.grow(self.requests(1, splits=1))
             self.bar.set_description(f"start {name}")
             with self.server(name, overrides) as server:
                 await self.warm_up(server)
@@ -373,9 +375,9 @@ class _Bench:
                                       "groups": [[n for n, _ in g] for g in groups],
                                       "reference_rss_gib": round(rss / 2**30, 2)}
             tqdm.write(f"bench: a k=0 server ({rss / 2**30:.1f} GiB) up the whole run; beside it "
-                       f"{' then '.join('+'.join(n for n, _ in g) for g in groups)}, then the schedule")
-            self.grow(self.requests(len(others) + len(groups)) + self.requests(3 + (self.configured is not None),
-                                                                               splits=1))
+                       f"{' then '.join('+'.join(n for n, _ in g) for g in groups)}, then the schedule"
+                       + (f" and the config's own {self.configured} (if not the same)" if self.configured else ""))
+            self.grow(self.requests(len(others) + len(groups)) + self.requests(3, splits=1))
             for g, group in enumerate(groups):
                 with contextlib.ExitStack() as stack:
                     servers = {}
@@ -396,6 +398,7 @@ class _Bench:
                 # the config's own schedule, as it serves (no override), measured like the derived one
                 if self.judge_configured() and servers_that_fit(rss, 1):
                     self.bar.set_description(f"start {report.CONFIGURED}")
+                    self.grow(self.requests(1, splits=1))
                     final[report.CONFIGURED] = (stack.enter_context(self.server(report.CONFIGURED, [])), [])
                     await self.warm_up(final[report.CONFIGURED][0])
                 elif self.judge_configured():
