@@ -265,24 +265,45 @@ def k0_cost(columns: Mapping[str, Any], concurrencies: Sequence[int], split: str
 def recommendation(choice: Mapping[int, int], entries: list[list[int]],
                    cost: Mapping[int, float] | None = None, close: Mapping[int, list[int]] | None = None,
                    configured: list[list[int]] | None = None, rows: Mapping[str, Any] | None = None) -> str:
-    """`configured`: the config's own schedule, judged in `rows` (the verdict's) when it was measured."""
-    return _derived_text(choice, entries, cost, close) + _configured_text(configured, rows or {})
+    """`configured`: the config's own schedule, judged in `rows` (the verdict's) when it was
+    measured; then the advice weighs the derived schedule against it, not only against k=0."""
+    judged = {c: row for c, row in (rows or {}).items()
+              if row.get("config_speedup") is not None and row.get("schedule_speedup") is not None}
+    better, worse = derived_vs_configured(judged)
+    keep = configured is not None and bool(judged) and not better
+    return _derived_text(choice, entries, cost, close, keep) + _configured_text(configured, judged, better, worse)
 
 
-def _configured_text(configured: list[list[int]] | None, rows: Mapping[str, Any]) -> str:
-    judged = {c: row for c, row in rows.items() if row.get("config_speedup") is not None}
+def derived_vs_configured(rows: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The concurrencies at which the derived schedule served more than the config's own by more
+    than the noise, and those at which it served less by more than the noise (judge prompts)."""
+    better, worse = [], []
+    for c, row in rows.items():
+        n, derived, own = row.get("noise") or 0.0, row["schedule_speedup"], row["config_speedup"]
+        if derived > own * (1 + n):
+            better.append(c)
+        elif own > derived * (1 + n):
+            worse.append(c)
+    return better, worse
+
+
+def _configured_text(configured: list[list[int]] | None, judged: Mapping[str, Any], better: list[str],
+                     worse: list[str]) -> str:
     if configured is None or not judged:
         return ""
     missed = [f"{c} ({row['config_speedup']:.2f}x, target {row['target']}x)" for c, row in judged.items()
               if row["config_meets_target"] is False]
-    text = f" The config's own schedule {configured} "
-    if not missed:
-        return text + "met the targets at every measured concurrency that has one."
-    return text + f"missed the targets at concurrency {', '.join(missed)}."
+    text = f" The config's own schedule {configured} " + (
+        f"missed the targets at concurrency {', '.join(missed)}." if missed
+        else "met the targets at every measured concurrency that has one.")
+    if better:
+        text += f" The derived one served more than it beyond this run's noise at concurrency {', '.join(better)}"
+        text += f" and less at {', '.join(worse)}." if worse else "."
+    return text
 
 
-def _derived_text(choice: Mapping[int, int], entries: list[list[int]],
-                  cost: Mapping[int, float] | None, close: Mapping[int, list[int]] | None) -> str:
+def _derived_text(choice: Mapping[int, int], entries: list[list[int]], cost: Mapping[int, float] | None,
+                  close: Mapping[int, list[int]] | None, keep_configured: bool = False) -> str:
     pays = sorted(c for c, k in choice.items() if k > 0)
     loses = sorted(c for c, k in choice.items() if k == 0)
     if not pays:
@@ -291,7 +312,9 @@ def _derived_text(choice: Mapping[int, int], entries: list[list[int]],
     text = f"Speculation pays at concurrency {', '.join(map(str, pays))}"
     if loses:
         text += f" and does not at {', '.join(map(str, loses))}"
-    text += f": use the derived schedule {entries}."
+    text += (f": the derived schedule {entries} served no more than the config's own beyond this run's noise "
+             "at any concurrency (judge prompts): keep the config's." if keep_configured
+             else f": use the derived schedule {entries}.")
     costs = [cost[c] for c in loses if cost and c in cost]
     if costs and max(costs) > 0:
         lo, hi = round(100 * min(costs)), round(100 * max(costs))

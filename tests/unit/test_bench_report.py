@@ -101,8 +101,19 @@ def test_verdict_judges_the_configs_own_schedule_beside_the_derived_one():
     assert v["16"]["config_meets_target"] is False and v["16"]["meets_target"] is True
     text = report.recommendation({1: 3, 4: 0, 16: 0}, [[1, 2, 3], [3, 128, 0]],
                                  configured=[[1, 3, 3], [4, 128, 0]], rows=v)
+    assert "use the derived schedule [[1, 2, 3], [3, 128, 0]]." in text
     assert text.endswith("The config's own schedule [[1, 3, 3], [4, 128, 0]] missed the targets at "
-                         "concurrency 4 (0.96x, target 0.97x), 16 (0.90x, target 0.97x).")
+                         "concurrency 4 (0.96x, target 0.97x), 16 (0.90x, target 0.97x). The derived one served "
+                         "more than it beyond this run's noise at concurrency 1, 4, 16.")
+    # The config's own as good as the derived one (c=1, the same figure), within the
+    # noise (c=4) or better (c=16): keep it.
+    rows = {"1": {**v["1"], "config_speedup": 44 / 30}, "4": {**v["4"], "config_speedup": 0.98},
+            "16": {**v["16"], "config_speedup": 1.05}}
+    assert report.derived_vs_configured(rows) == ([], ["16"])  # 0.98 within c=4's 2 % noise of 0.99
+    text = report.recommendation({1: 3, 4: 0, 16: 0}, [[1, 2, 3], [3, 128, 0]],
+                                 configured=[[1, 3, 3], [4, 128, 0]], rows=rows)
+    assert "served no more than the config's own beyond this run's noise at any concurrency" in text
+    assert "keep the config's" in text and "use the derived" not in text
     assert "config" not in report.recommendation({1: 3}, [[1, 128, 3]], configured=[[1, 128, 3]], rows={})
     # not measured (no column): no config_* figures
     assert "config_speedup" not in report.verdict(columns({"k=0": {1: 30}}, "judge"), [1], [0])["1"]
