@@ -393,16 +393,20 @@ class _Bench:
             overrides = self.derive_schedule(ks)
             self.bar.set_description(f"start {report.SCHEDULE}")
             with contextlib.ExitStack() as stack:
-                final = {report.SCHEDULE: (stack.enter_context(self.server(report.SCHEDULE, overrides)), overrides)}
-                await self.warm_up(final[report.SCHEDULE][0])
+                # the same shapes as a first-phase group: (name, overrides) and the servers by name
+                group = [(report.SCHEDULE, overrides)]
+                servers = {report.SCHEDULE: stack.enter_context(self.server(report.SCHEDULE, overrides))}
+                await self.warm_up(servers[report.SCHEDULE])
                 # the config's own schedule, as it serves (no override), measured like the derived one
-                if self.judge_configured() and servers_that_fit(rss, 1):
-                    self.bar.set_description(f"start {report.CONFIGURED}")
-                    self.grow(self.requests(1, splits=1))
-                    final[report.CONFIGURED] = (stack.enter_context(self.server(report.CONFIGURED, [])), [])
-                    await self.warm_up(final[report.CONFIGURED][0])
-                elif self.judge_configured():
-                    tqdm.write(f"bench: free memory holds no server for {report.CONFIGURED}: not measured")
+                if self.judge_configured():
+                    if servers_that_fit(rss, 1):
+                        self.bar.set_description(f"start {report.CONFIGURED}")
+                        self.grow(self.requests(1, splits=1))
+                        group.append((report.CONFIGURED, []))
+                        servers[report.CONFIGURED] = stack.enter_context(self.server(report.CONFIGURED, []))
+                        await self.warm_up(servers[report.CONFIGURED])
+                    else:
+                        tqdm.write(f"bench: free memory holds no server for {report.CONFIGURED}: not measured")
                 # The repeat: a second k=0 server where memory holds one, so that every cell follows
                 # another server's (a server's first cell after another's runs a few per cent slower
                 # on a 2-core VM); else the k=0 server again, right before its own next cell.
@@ -412,12 +416,11 @@ class _Bench:
                     repeat = stack.enter_context(self.server(report.REPEAT, k0))
                     await self.warm_up(repeat)
                 self.result["servers"]["repeat"] = "second k=0 server" if repeat is not reference else "k=0 server"
-                self.result["servers"]["final"] = [*final, report.REPEAT]
-                final[report.REPEAT] = (repeat, k0)
-                turns = [("before", reference), *((name, server) for name, (server, _) in final.items())]
-                record = functools.partial(
-                    self.record_group, group=[(name, o) for name, (_, o) in final.items()],
-                    servers={name: server for name, (server, _) in final.items()}, reference_name="before")
+                group.append((report.REPEAT, k0))
+                servers[report.REPEAT] = repeat
+                self.result["servers"]["final"] = [name for name, _ in group]
+                turns = [("before", reference), *servers.items()]
+                record = functools.partial(self.record_group, group=group, servers=servers, reference_name="before")
                 await self.take_turns(turns, self.judge, on_cells=record)  # k=0, schedule(s), k=0
         return True
 
