@@ -40,6 +40,7 @@ from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.settings import SCHEDULE_KEYS
 
 SCHEDULE_KEY = "speculative.num_speculative_tokens_per_batch_size"
+STARTS_AT_ONCE = 2  # servers started at once (`_Bench.start`)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -302,6 +303,27 @@ class _Bench:
         log = self.args.out / "logs" / f"{name.replace(' ', '_').replace('=', '')}.log"
         return ManagedServer(argv, port, log)
 
+    async def start(self, stack: contextlib.ExitStack, plan: list[tuple[str, list[str]]]) -> dict[str, ManagedServer]:
+        """`plan`'s servers, STARTS_AT_ONCE at a time, each stopped with `stack`, warmed up once all are up.
+
+        A start is mostly three Python processes importing vLLM one after another (API server,
+        EngineCore, worker), each on one core: on the 2-core Zen 4 host one start took 35-36 s,
+        two at once 50 s for both, three at once 91 s for all three (`docs/bench-cpu-default.md`,
+        session 21). A cold compile cache makes each start longer, not the pairing wrong."""
+        servers: dict[str, ManagedServer] = {}
+        for i in range(0, len(plan), STARTS_AT_ONCE):
+            wave = plan[i:i + STARTS_AT_ONCE]
+            self.bar.set_description("start " + " + ".join(name for name, _ in wave))
+            for name, overrides in wave:
+                server = self.server(name, overrides)
+                stack.callback(server.stop)
+                servers[name] = server.launch()
+            for name, _ in wave:
+                servers[name].wait_ready()
+        for server in servers.values():
+            await self.warm_up(server)
+        return servers
+
     async def warm_up(self, server: ManagedServer) -> None:
         # the first requests allocate and, without enforce_eager, compile: not recorded
         await run_cell(server.url, self.model, self.splits["judge"], concurrency=2, requests=4, max_tokens=16,
@@ -380,44 +402,34 @@ class _Bench:
             self.grow(self.requests(len(others) + len(groups)) + self.requests(3, splits=1))
             for g, group in enumerate(groups):
                 with contextlib.ExitStack() as stack:
-                    servers = {}
-                    for name, overrides in group:  # one start at a time: a compile takes every core
-                        self.bar.set_description(f"start {name}")
-                        servers[name] = stack.enter_context(self.server(name, overrides))
-                        await self.warm_up(servers[name])
-
+                    servers = await self.start(stack, group)
                     turns = [(report.BASELINE, reference), *servers.items()]
                     # recorded as the cells come: partial results survive a crash
                     await self.take_turns(turns, self.splits, on_cells=functools.partial(
                         self.record_group, group=group, servers=servers, reference=reference, with_baseline=g == 0))
             overrides = self.derive_schedule(ks)
-            self.bar.set_description(f"start {report.SCHEDULE}")
             with contextlib.ExitStack() as stack:
-                # the same shapes as a first-phase group: (name, overrides) and the servers by name
-                group = [(report.SCHEDULE, overrides)]
-                servers = {report.SCHEDULE: stack.enter_context(self.server(report.SCHEDULE, overrides))}
-                await self.warm_up(servers[report.SCHEDULE])
-                # the config's own schedule, as it serves (no override), measured like the derived one
-                if self.judge_configured():
-                    if servers_that_fit(rss, 1):
-                        self.bar.set_description(f"start {report.CONFIGURED}")
-                        self.grow(self.requests(1, splits=1))
-                        group.append((report.CONFIGURED, []))
-                        servers[report.CONFIGURED] = stack.enter_context(self.server(report.CONFIGURED, []))
-                        await self.warm_up(servers[report.CONFIGURED])
-                    else:
-                        tqdm.write(f"bench: free memory holds no server for {report.CONFIGURED}: not measured")
-                # The repeat: a second k=0 server where memory holds one, so that every cell follows
-                # another server's (a server's first cell after another's runs a few per cent slower
-                # on a 2-core VM); else the k=0 server again, right before its own next cell.
-                repeat = reference
-                if servers_that_fit(rss, 1):
-                    self.bar.set_description(f"start {report.REPEAT}")
-                    repeat = stack.enter_context(self.server(report.REPEAT, k0))
-                    await self.warm_up(repeat)
+                # the same shapes as a first-phase group: (name, overrides) and the servers by name.
+                # Beside the derived schedule: the config's own, as it serves (no override), and the
+                # repeat, a second k=0 server, so that every cell follows another server's (a
+                # server's first cell after another's runs a few per cent slower on a 2-core VM),
+                # as far as free memory holds them (the derived schedule's server always starts).
+                extras = [(report.CONFIGURED, [])] if self.judge_configured() else []
+                extras.append((report.REPEAT, k0))
+                room = max(0, servers_that_fit(rss, 1 + len(extras)) - 1)
+                group = [(report.SCHEDULE, overrides), *extras[:room]]
+                if self.judge_configured() and room == 0:
+                    tqdm.write(f"bench: free memory holds no server for {report.CONFIGURED}: not measured")
+                if any(name == report.CONFIGURED for name, _ in group):
+                    self.grow(self.requests(1, splits=1))
+                servers = await self.start(stack, group)
+                # without room for its own server, the repeat is the k=0 server again, right
+                # before its own next cell
+                repeat = servers.get(report.REPEAT, reference)
                 self.result["servers"]["repeat"] = "second k=0 server" if repeat is not reference else "k=0 server"
-                group.append((report.REPEAT, k0))
-                servers[report.REPEAT] = repeat
+                if report.REPEAT not in servers:
+                    group.append((report.REPEAT, k0))
+                    servers[report.REPEAT] = repeat
                 self.result["servers"]["final"] = [name for name, _ in group]
                 turns = [("before", reference), *servers.items()]
                 record = functools.partial(self.record_group, group=group, servers=servers, reference_name="before")

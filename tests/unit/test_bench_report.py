@@ -52,6 +52,41 @@ def test_choose_k_measures_k_against_the_k0_a_schedule_really_serves():
     assert report.k0_cost(cols, [8, 32]) == {8: pytest.approx(0.07), 32: pytest.approx(0.075)}
 
 
+def test_choose_k_never_rises_with_concurrency():
+    # session 20's derive split, in shape: k=1 wins at 2 and from 8 up, every k loses at 4. Per
+    # concurrency that is k=0 at 4 between k=1 at 2 and 8, a schedule no host would want; the
+    # choice that does not rise takes k=1 at 4 too (0.95 there, against 1.15 and 1.10 gained after)
+    cols = columns({"k=0": {1: 30, 2: 50, 4: 100, 8: 150, 16: 200},
+                    "k=1": {1: 36, 2: 60, 4: 95, 8: 172, 16: 220},
+                    "k=4": {1: 40, 2: 45, 4: 80, 8: 120, 16: 150}})
+    assert report.choose_k(cols, [0, 1, 4], [1, 2, 4, 8, 16], margin=0.03) == {1: 4, 2: 1, 4: 1, 8: 1, 16: 1}
+    # where what comes after gains less than the dip costs, k=0 from the dip on
+    cols["k=1"]["cells"]["derive"]["4"]["output_tokens_per_s"] = 70
+    cols["k=1"]["cells"]["derive"]["16"]["output_tokens_per_s"] = 150
+    assert report.choose_k(cols, [0, 1, 4], [1, 2, 4, 8, 16], margin=0.03) == {1: 4, 2: 1, 4: 0, 8: 0, 16: 0}
+
+
+def test_choose_k_is_the_best_sequence_that_does_not_rise():
+    import itertools
+    import math
+    import random
+
+    rng = random.Random(7)
+    ks, cs = [0, 1, 2, 3], [1, 2, 4, 8, 16]
+    for _ in range(200):
+        rates = {f"k={k}": {c: rng.uniform(50, 150) for c in cs} for k in ks}
+        cols = columns(rates)
+        choice = report.choose_k(cols, ks, cs, margin=0.03)
+        picked = [choice[c] for c in cs]
+        assert picked == sorted(picked, reverse=True)
+
+        def score(seq, rates=rates):
+            return sum(math.log(rates[f"k={k}"][c] / rates["k=0"][c] * (1.03 if k == 0 else 1))
+                       for c, k in zip(cs, seq))
+        falling = [s for s in itertools.product(ks, repeat=len(cs)) if list(s) == sorted(s, reverse=True)]
+        assert score(picked) == pytest.approx(max(score(s) for s in falling))
+
+
 def test_close_calls_name_the_k_within_the_noise_of_the_chosen_one():
     cols = columns({"k=0": {1: 30, 4: 100, 32: 400}, "k=2": {1: 40, 4: 110, 32: 300},
                     "k=3": {1: 42, 4: 102, 32: 280}, report.SPEC_K0: {1: 30, 4: 100, 32: 380}})
