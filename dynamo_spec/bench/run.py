@@ -308,8 +308,8 @@ class _Bench:
 
         A start is mostly three Python processes importing vLLM one after another (API server,
         EngineCore, worker), each on one core: on the 2-core Zen 4 host one start took 35-36 s,
-        two at once 50 s for both, three at once 91 s for all three (`docs/bench-cpu-default.md`,
-        session 21). A cold compile cache makes each start longer, not the pairing wrong."""
+        two at once 50 s for both, three at once 91 s for all three (docs/bench-zen4-21/starts.py).
+        A cold compile cache makes each start longer, not the pairing wrong."""
         servers: dict[str, ManagedServer] = {}
         for i in range(0, len(plan), STARTS_AT_ONCE):
             wave = plan[i:i + STARTS_AT_ONCE]
