@@ -423,13 +423,11 @@ class _Bench:
                 if any(name == report.CONFIGURED for name, _ in group):
                     self.grow(self.requests(1, splits=1))
                 servers = await self.start(stack, group)
-                # without room for its own server, the repeat is the k=0 server again, right
-                # before its own next cell
-                repeat = servers.get(report.REPEAT, reference)
-                self.result["servers"]["repeat"] = "second k=0 server" if repeat is not reference else "k=0 server"
-                if report.REPEAT not in servers:
+                if report.REPEAT not in servers:  # no room for it: the k=0 server again, before its own next cell
                     group.append((report.REPEAT, k0))
-                    servers[report.REPEAT] = repeat
+                    servers[report.REPEAT] = reference
+                self.result["servers"]["repeat"] = ("k=0 server" if servers[report.REPEAT] is reference
+                                                    else "second k=0 server")
                 self.result["servers"]["final"] = [name for name, _ in group]
                 turns = [("before", reference), *servers.items()]
                 record = functools.partial(self.record_group, group=group, servers=servers, reference_name="before")
