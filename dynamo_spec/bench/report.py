@@ -23,6 +23,7 @@ CONFIGURED = "config's schedule"
 SPEC_K0 = "k=0 (speculative engine)"
 TARGET_C1 = 1.3  # the issue's targets: >= 1.3x at concurrency 1, >= 0.97x at 4 and above
 TARGET_HIGH = 0.97
+PRACTICAL_ROUNDS = 6  # beyond this the resolution text advises a quieter host, not more rounds
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -154,6 +155,42 @@ def noise(columns: Mapping[str, Any], split: str = "judge") -> dict[str, float]:
         elif (r := speedup(columns, REPEAT, split, int(c))):
             out[c] = _apart(r, 1.0)
     return out
+
+
+def resolution(noise_median: float | None, rounds: int, difference: float) -> dict[str, Any] | None:
+    """What a run's noise says about the differences it can tell apart.
+
+    `noise_median`: one round's |a - b| / mean for two identical servers, the median over
+    concurrencies (`noise`). A speed-up is the same kind of ratio, so if one round's strays
+    normally with standard deviation s, that median is about 0.674 s. The median of n rounds'
+    ratios (`speedup`) strays by s / sqrt(n) for n <= 2 and about 1.253 s / sqrt(n) beyond.
+    Returns s, the difference this run resolves (two such deviations), and the rounds that
+    would resolve `difference` (None: more than 1,000)."""
+    if not noise_median or rounds < 1:
+        return None
+    s = noise_median / 0.6745
+
+    def resolves(n: int) -> float:
+        return 2 * (1.0 if n <= 2 else 1.2533) * s / math.sqrt(n)
+
+    needed = next((n for n in range(1, 1001) if resolves(n) <= difference), None)
+    return {"round_sd": s, "resolves": resolves(rounds), "difference": difference, "rounds_needed": needed}
+
+
+def resolution_text(res: Mapping[str, Any] | None, rounds: int) -> str:
+    if not res:
+        return ""
+    needed = res["rounds_needed"]
+    text = (f"One round's speed-up strays here by about {res['round_sd']:.0%} (one standard deviation, from the "
+            f"noise), so this run's {'speed-ups tell' if rounds == 1 else f'{rounds}-round medians tell'} apart "
+            f"differences of about {res['resolves']:.0%} (two deviations)")
+    if res["resolves"] <= res["difference"]:
+        return text + f", within the {res['difference']:.0%} margin."
+    if needed and needed <= PRACTICAL_ROUNDS:
+        return text + f"; the {res['difference']:.0%} margin would take about {needed} rounds (--rounds {needed})."
+    return text + (f"; the {res['difference']:.0%} margin would take {f'about {needed}' if needed else 'over 1,000'} "
+                   "rounds: on this host trust only larger differences, or measure on a quieter one "
+                   "(python -m benchmarks.host_speed shows how steady a host is).")
 
 
 def _k0_speedup(columns: Mapping[str, Any], split: str, c: int) -> float:
@@ -465,7 +502,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     if result["settings"].get("rounds", 1) > 1:
         between += ", each round's pair, the median over rounds"
     lines += ["", f"Noise: |{between}| / mean, per concurrency, judge prompts "
-                  f"(median {fmt(result['noise_median'], '{:.1%}')}).", "",
+                  f"(median {fmt(result['noise_median'], '{:.1%}')}). "
+                  + resolution_text(result.get("resolution"), result["settings"].get("rounds", 1)), "",
               f"**Recommendation:** {result['recommendation']}", ""]
     lines += ["## Latency and acceptance per cell (judge prompts)", "",
               "| column | c | tokens/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | e2e p50 s | "

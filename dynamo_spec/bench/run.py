@@ -524,6 +524,7 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     result["verdict"] = report.verdict(result["columns"], concurrencies, ks)
     noise = report.noise(result["columns"])
     result["noise_median"] = statistics.median(noise.values()) if noise else None
+    result["resolution"] = report.resolution(result["noise_median"], args.rounds, args.margin)
     choice = {int(c): k for c, k in result["derived"]["choice"].items()}
     cost = report.k0_cost(result["columns"], concurrencies)
     result["k0_cost"] = {str(c): v for c, v in cost.items()}

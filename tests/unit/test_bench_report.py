@@ -326,3 +326,36 @@ def test_reported_preloads_carry_no_local_paths(monkeypatch):
 
     monkeypatch.setenv("LD_PRELOAD", os.path.join(sys.prefix, "lib", "libiomp5.so") + ":/usr/lib/libtcmalloc.so.4")
     assert _engine_ld_preload(False) == "<venv>/lib/libiomp5.so:/usr/lib/libtcmalloc.so.4"
+
+
+def test_resolution_reads_the_noise_as_a_standard_deviation_and_counts_the_rounds():
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    s_true = 0.05  # one round's speed-up: the ratio of two rates, each straying by s_true / sqrt(2)
+
+    def rate() -> float:
+        return 1 + rng.gauss(0, s_true / 2 ** 0.5)
+
+    pairs = [(rate(), rate()) for _ in range(4000)]
+    noise = statistics.median(abs(a - b) / ((a + b) / 2) for a, b in pairs)  # as report.noise takes it
+    res = report.resolution(noise, 1, 0.03)
+    assert res["round_sd"] == pytest.approx(s_true, rel=0.06)
+    assert res["resolves"] == pytest.approx(2 * s_true, rel=0.06)
+    n = res["rounds_needed"]
+    assert 12 <= n <= 24  # 2 x 1.253 x 0.05 / sqrt(n) <= 0.03
+    # the median of n rounds' ratios of identical servers stays within the 3 % in about 95 % of runs
+    inside = sum(abs(statistics.median(rate() / rate() for _ in range(n)) - 1) <= 0.03 for _ in range(3000))
+    assert 0.92 <= inside / 3000 <= 0.985
+    assert report.resolution(None, 1, 0.03) is None
+    assert report.resolution(0.005, 1, 0.03)["rounds_needed"] == 1
+
+
+def test_resolution_text_advises_rounds_only_where_they_are_practical():
+    near = report.resolution_text(report.resolution(0.018, 1, 0.03), 1)
+    assert "--rounds 5" in near
+    far = report.resolution_text(report.resolution(0.09, 1, 0.03), 1)
+    assert "--rounds" not in far and "quieter" in far
+    assert "within the 3% margin" in report.resolution_text(report.resolution(0.005, 1, 0.03), 1)
+    assert report.resolution_text(None, 1) == ""
