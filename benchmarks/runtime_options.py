@@ -4,6 +4,7 @@
         [--variants none,tcmalloc,iomp,both] [--k 0,3] [--concurrency 1,4] [--rounds 2]
         [--cells default:0,default:2,default:config,nst-max:config] [--interleave]
         [--schedule NAME=JSON ...]   # adds variant sched-NAME: that batch-size schedule (cell sched-NAME:config)
+        [--draft NAME=PATH ...]      # adds variant draft-NAME: that draft checkpoint (cell draft-NAME:config)
 
 Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
 binding) and/or config overrides; every (variant, k) gets its own server, and the
@@ -165,6 +166,9 @@ def main() -> None:
     parser.add_argument("--schedule", action="append", default=[], metavar="NAME=JSON",
                         help="a variant sched-NAME serving this batch-size schedule, e.g. "
                              "zen4='[[1,11,1],[12,128,0]]' (its cells: sched-NAME:config)")
+    parser.add_argument("--draft", action="append", default=[], metavar="NAME=PATH",
+                        help="a variant draft-NAME serving this draft checkpoint instead of the config's "
+                             "(its cells: draft-NAME:config, draft-NAME:3, ...)")
     parser.add_argument("--interleave", action="store_true",
                         help="all servers up at once, taking turns every cell (a noisy host; needs their memory)")
     args = parser.parse_args()
@@ -174,6 +178,11 @@ def main() -> None:
         entries = json.loads(text)
         known[f"sched-{name}"] = ({}, ["--speculative.num_speculative_tokens", str(max(k for _, _, k in entries)),
                                        "--speculative.num_speculative_tokens_per_batch_size", json.dumps(entries)])
+    for item in args.draft:
+        name, _, path = item.partition("=")
+        if not Path(path).is_dir():
+            raise SystemExit(f"--draft {item}: no draft directory at '{path}'")
+        known[f"draft-{name}"] = ({}, ["--speculative.model", path])
     if args.cells:
         cells = [(cell.partition(":")[0], cell.partition(":")[2]) for cell in args.cells.split(",") if cell]
     else:
