@@ -122,7 +122,7 @@ def _train_draft(args: argparse.Namespace) -> int:
         options["minutes"] = None
     cfg = PipelineConfig(**options)
     summary = run_pipeline(cfg)
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2, default=str))  # paths (init_from, data_from) as text
     return 0
 
 
