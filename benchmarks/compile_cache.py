@@ -1,5 +1,5 @@
 """A compiled model loaded from vLLM's compile cache against one compiled at start,
-through the server (dynamo_spec/compile_cache.py).
+through the server (dynamo_spec/vllm_patches/compile_cache.py).
 
     python -m benchmarks.compile_cache --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
         [--concurrency 1,8] [--rounds 2] [--speculative]
@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks.runtime_options import measure
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
-from dynamo_spec.config_loader import load_settings
+from dynamo_spec.config.loader import load_settings
 
 
 def start(config: Path, overrides: list[str], cache: str, log: Path) -> ManagedServer:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dynamo_spec.config_loader import load_settings
+from dynamo_spec.config.loader import load_settings
 
 ROWS = [1, 2, 3, 4, 5, 8, 16, 32]
 

@@ -80,7 +80,7 @@ def _get_json(url: str) -> dict:
 
 
 def _tokenizer_of(config: Path) -> str:
-    from dynamo_spec.config_loader import load_settings
+    from dynamo_spec.config.loader import load_settings
 
     settings = load_settings(config, [], {}).settings
     return settings.engine.tokenizer or settings.engine.model

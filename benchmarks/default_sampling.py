@@ -25,7 +25,7 @@ from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.report import spec_delta
 from dynamo_spec.bench.run import read_spec_counters
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
-from dynamo_spec.config_loader import load_settings
+from dynamo_spec.config.loader import load_settings
 from dynamo_spec.training.rows import EVERYDAY_EVAL, read_jsonl
 
 VARIANTS = {"model": [], "neutral": ["--engine.extra.generation_config", "vllm"]}

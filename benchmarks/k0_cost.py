@@ -18,10 +18,10 @@ import statistics
 from pathlib import Path
 
 from benchmarks.runtime_options import alternate
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.host import on_cpu
-from dynamo_spec.preflight import effective_max_num_seqs
-from dynamo_spec.vllm_plugin import ZERO_DRAFT_STEPS_ENV
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.config.preflight import effective_max_num_seqs
+from dynamo_spec.engine.host import on_cpu
+from dynamo_spec.vllm_patches import ZERO_DRAFT_STEPS_ENV
 
 
 def main() -> None:

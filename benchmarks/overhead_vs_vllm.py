@@ -29,10 +29,10 @@ from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.prompts import load_sets, read_prompts, split
 from dynamo_spec.bench.report import percentiles
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.cpu_threads import default_cpu_thread_binding
-from dynamo_spec.engine_args import engine_kwargs
-from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.engine.args import engine_kwargs
+from dynamo_spec.engine.cpu_threads import default_cpu_thread_binding
+from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries, detect_host
 
 
 def vllm_serve_argv(config: Path, port: int) -> list[str]:

@@ -31,9 +31,9 @@ from pathlib import Path
 from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.engine_args import schedule_for
-from dynamo_spec.host import detect_host, resolve_dtype
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.engine.args import schedule_for
+from dynamo_spec.engine.host import detect_host, resolve_dtype
 
 
 def find_lib(patterns: list[str]) -> str | None:

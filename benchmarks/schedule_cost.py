@@ -38,10 +38,10 @@ import uuid
 from pathlib import Path
 
 from dynamo_spec.bench.prompts import load_sets, split
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.engine import open_engine
-from dynamo_spec.host import on_cpu
-from dynamo_spec.preflight import effective_max_num_seqs
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.config.preflight import effective_max_num_seqs
+from dynamo_spec.engine.async_llm import open_engine
+from dynamo_spec.engine.host import on_cpu
 
 # vLLM's default for EAGLE: drop the last block of every prefix-cache hit (the CPU config keeps it)
 DROP = ["--speculative.extra.disable_eagle_block_drop", "false"]

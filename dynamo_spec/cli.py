@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynamo_spec.config_loader import ConfigError, LoadedSettings, effective_config, load_settings
+from dynamo_spec.config.loader import ConfigError, LoadedSettings, effective_config, load_settings
 from dynamo_spec.logs import setup_logging
 
 EXIT_CONFIG = 2  # bad configuration or a failed preflight
@@ -77,9 +77,9 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from dynamo_spec.engine_args import schedule_for
-    from dynamo_spec.host import detect_host, resolve_dtype
-    from dynamo_spec.preflight import SCHEDULE_FIELD
+    from dynamo_spec.config.preflight import SCHEDULE_FIELD
+    from dynamo_spec.engine.args import schedule_for
+    from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     loaded = _load(args)
     rows = effective_config(loaded)
@@ -111,7 +111,7 @@ def _show(value: object) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from dynamo_spec.preflight import run_preflight
+    from dynamo_spec.config.preflight import run_preflight
 
     loaded = _load(args)
     problems = run_preflight(loaded.settings)
@@ -126,8 +126,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from dynamo_spec.preflight import run_preflight
-    from dynamo_spec.server import run
+    from dynamo_spec.config.preflight import run_preflight
+    from dynamo_spec.serving.server import run
 
     settings = _load(args).settings
     setup_logging(settings.server.log_level)

@@ -20,7 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from dynamo_spec import eagle3_format
+from dynamo_spec.config import eagle3_format
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from dynamo_spec.bench import report
 from dynamo_spec.bench.load import CellResult, run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
-from dynamo_spec.settings import SCHEDULE_KEYS
+from dynamo_spec.config.settings import SCHEDULE_KEYS
 
 SCHEDULE_KEY = "speculative.num_speculative_tokens_per_batch_size"
 STARTS_AT_ONCE = 2  # servers started at once (`_Bench.start`)
@@ -107,7 +107,7 @@ def read_spec_counters(url: str) -> dict[str, float]:
 
 
 def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
-    from dynamo_spec.host import detect_host
+    from dynamo_spec.engine.host import detect_host
 
     try:
         import vllm
@@ -126,7 +126,7 @@ def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
 def _engine_ld_preload(preload: bool) -> str:
     """LD_PRELOAD the servers' engine processes get: the environment's, plus engine.cpu_preload's
     (libraries inside the Python environment written as ``<venv>/...``: reports carry no local paths)."""
-    from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries
+    from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries
 
     env = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
     if preload:
@@ -480,10 +480,10 @@ def default_together(args: argparse.Namespace, on_cpu: bool) -> int | None:
 
 
 async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
-    from dynamo_spec.config_loader import load_settings
-    from dynamo_spec.engine_args import schedule_for
-    from dynamo_spec.host import detect_host, resolve_dtype
-    from dynamo_spec.preflight import effective_max_num_seqs
+    from dynamo_spec.config.loader import load_settings
+    from dynamo_spec.config.preflight import effective_max_num_seqs
+    from dynamo_spec.engine.args import schedule_for
+    from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     config = Path(args.config)
     ks = _ints(args.k, "k")

@@ -7,5 +7,5 @@ vocabulary and ``d2t``), ``model`` (draft head and training-time-test loss), ``t
 (the loop), ``pipeline`` (the stages in order), ``evaluate`` (``eval-draft``),
 ``verify`` (``verify``: served with and without the draft, token for token),
 ``offline_llm`` (a short-lived offline vLLM engine), ``cli``. The checkpoint format
-is ``dynamo_spec.eagle3_format``'s.
+is ``dynamo_spec.config.eagle3_format``'s.
 """

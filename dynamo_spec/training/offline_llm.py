@@ -11,8 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..engine_args import engine_kwargs
-from ..settings import EngineSettings, Settings
+from ..config.settings import EngineSettings, Settings
+from ..engine.args import engine_kwargs
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     with isolated_vllm_dirs():
         from vllm import LLM
 
-        from ..cpu_threads import default_cpu_thread_binding
+        from ..engine.cpu_threads import default_cpu_thread_binding
 
         default_cpu_thread_binding()
         llm = LLM(**engine_kwargs(settings))

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..eagle3_format import draft_config, to_speculators
+from ..config.eagle3_format import draft_config, to_speculators
 from .model import Eagle3Draft, ttt_loss
 from .pipeline import PipelineConfig
 from .vocab import choose_draft_vocab, d2t_from_ids

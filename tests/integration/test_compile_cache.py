@@ -1,4 +1,4 @@
-"""A compiled CPU engine's second start loads what the first compiled: dynamo_spec/compile_cache.py."""
+"""A compiled CPU engine's second start loads what the first compiled: dynamo_spec/vllm_patches/compile_cache.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamo_spec.host import on_cpu
+from dynamo_spec.engine.host import on_cpu
 
 HOOK_WATCH = Path(__file__).parent / "hook_watch"
 

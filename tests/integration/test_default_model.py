@@ -139,7 +139,7 @@ def test_untrained_draft_serves_in_the_hosts_dtype(default_model: Path, vllm_env
     without the draft alike), so the text is checked in fp32 above.
     """
     from dynamo_spec.default_model import make_untrained_draft
-    from dynamo_spec.host import detect_host, resolve_dtype
+    from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     draft = make_untrained_draft(default_model, tmp_path / "draft")
     spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
@@ -150,8 +150,8 @@ def test_untrained_draft_serves_in_the_hosts_dtype(default_model: Path, vllm_env
 
 def test_shipped_cpu_config_passes_preflight_with_the_trained_draft(default_model: Path, repo_root: Path):
     """The committed draft pairs with the converted target: no error and no 'untrained' warning."""
-    from dynamo_spec.config_loader import load_settings
-    from dynamo_spec.preflight import run_preflight
+    from dynamo_spec.config.loader import load_settings
+    from dynamo_spec.config.preflight import run_preflight
 
     settings = load_settings(
         repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", ["--engine.model", str(default_model)], {}

@@ -157,7 +157,7 @@ def speculators_copy(draft: Path, target: Path, out: Path) -> Path:
     converted by eagle3_format.to_speculators, tensors named ``layers.0.*``."""
     from safetensors.torch import load_file, save_file
 
-    from dynamo_spec.eagle3_format import to_speculators
+    from dynamo_spec.config.eagle3_format import to_speculators
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((draft / "config.json").read_text())

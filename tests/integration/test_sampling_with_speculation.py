@@ -1,5 +1,5 @@
 """Random sampling (temperature > 0) with speculative decoding on vLLM's CPU build: one
-tiny engine with the plugin (dynamo_spec.vllm_plugin) loaded in its worker processes.
+tiny engine with the plugin (dynamo_spec.vllm_patches.cpu_expand_kernel) loaded in its worker processes.
 The kernel-level tests of the fix are in tests/unit/test_cpu_rejection_sampler.py.
 """
 
@@ -18,14 +18,14 @@ pytest.importorskip("vllm")
 
 def _plugin_entry_point_installed() -> bool:
     return any(
-        ep.value.startswith("dynamo_spec.vllm_plugin")
+        ep.value.startswith("dynamo_spec.vllm_patches")
         for ep in entry_points(group="vllm.general_plugins")
     )
 
 
 @pytest.mark.skipif(
     not _plugin_entry_point_installed(),
-    reason="dynamo_spec.vllm_plugin is not registered as a vllm.general_plugins "
+    reason="dynamo_spec.vllm_patches.cpu_expand_kernel is not registered as a vllm.general_plugins "
     "entry point (pyproject) in this environment",
 )
 def test_engine_low_temperature_sampling_with_eagle3_follows_target(

@@ -1,4 +1,4 @@
-"""vLLM resolves its platform through our plugin entry point (dynamo_spec/zen_platform.py), in a
+"""vLLM resolves its platform through our plugin entry point (dynamo_spec/vllm_patches/zen_platform.py), in a
 fresh process as vLLM's own processes do: the Zen CPU platform on an AMD CPU with zentorch, vLLM's
 own choice everywhere else and when turned off."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from dynamo_spec import zen_platform
+from dynamo_spec.vllm_patches import zen_platform
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ def test_fp32_engine_runs_its_linear_layers_on_zentorch(tiny_models, multiproces
 @needs_zen
 @pytest.mark.parametrize("multiprocessing", ["1", "0"])
 def test_bf16_engine_without_native_bf16_runs_on_onednn(tiny_models, multiprocessing):
-    from dynamo_spec.host import detect_host
+    from dynamo_spec.engine.host import detect_host
 
     if detect_host().native_bf16[0]:
         pytest.skip("this CPU computes bf16 natively: zentorch runs bf16 here")

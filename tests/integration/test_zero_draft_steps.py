@@ -1,4 +1,4 @@
-"""Steps without draft tokens (k=0 from the batch-size schedule): dynamo_spec/zero_draft_steps.py.
+"""Steps without draft tokens (k=0 from the batch-size schedule): dynamo_spec/vllm_patches/zero_draft_steps.py.
 
 Each case runs offline engines in subprocesses (tests/integration/zero_draft_probe.py):
 every request of a phase enters the engine before its first step, so the batch sizes,

@@ -47,7 +47,7 @@ def count_calls() -> dict:
 def skip_k0_draft_pass() -> None:
     """The control of the KV-cache test: k=0 steps write nothing to the draft's KV cache
     (what skipping the draft pass would do). In-process engine only."""
-    from dynamo_spec import zero_draft_steps
+    from dynamo_spec.vllm_patches import zero_draft_steps
 
     zero_draft_steps._write_draft_kv = lambda *args, **kwargs: None
 

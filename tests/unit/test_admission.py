@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from dynamo_spec.admission import Refusal, check_bounds, check_types
-from dynamo_spec.lifecycle import Lifecycle, Phase
-from dynamo_spec.server import is_loopback, security_warnings
-from dynamo_spec.settings import LimitsSettings, Settings
+from dynamo_spec.config.settings import LimitsSettings, Settings
+from dynamo_spec.serving.admission import Refusal, check_bounds, check_types
+from dynamo_spec.serving.lifecycle import Lifecycle, Phase
+from dynamo_spec.serving.server import is_loopback, security_warnings
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +84,7 @@ def test_warns_when_reachable_without_a_key():
 
 
 def test_key_never_shown_and_requests_not_logged_by_default():
-    from dynamo_spec.engine_args import vllm_serving_args
+    from dynamo_spec.engine.args import vllm_serving_args
 
     s = Settings(engine={"model": "m"}, speculative={"enabled": False}, server={"api_key": "s3cret"})
     assert "s3cret" not in repr(s) and "s3cret" not in str(s.model_dump())

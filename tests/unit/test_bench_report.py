@@ -7,7 +7,7 @@ import pytest
 from dynamo_spec.bench import report
 from dynamo_spec.bench.load import CellResult, RequestResult
 from dynamo_spec.bench.prompts import PromptError, load_sets, read_prompts, split
-from dynamo_spec.preflight import check_schedule
+from dynamo_spec.config.preflight import check_schedule
 
 pytestmark = pytest.mark.unit
 
@@ -276,7 +276,7 @@ def test_written_schedule_config_keeps_its_paths_and_passes_preflight(repo_root,
     import yaml
 
     from dynamo_spec.bench.run import write_schedule_config
-    from dynamo_spec.config_loader import load_settings
+    from dynamo_spec.config.loader import load_settings
 
     # The shipped CPU config with one schedule for every host (paths relative to the file).
     data = yaml.safe_load((repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml").read_text())
@@ -301,7 +301,7 @@ def test_written_schedule_config_keeps_its_paths_and_passes_preflight(repo_root,
 
 def test_written_schedule_replaces_only_this_hosts_entry_of_a_schedule_per_dtype(repo_root, tmp_path):
     from dynamo_spec.bench.run import write_schedule_config
-    from dynamo_spec.config_loader import load_settings
+    from dynamo_spec.config.loader import load_settings
 
     shipped = repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml"
     entries = load_settings(shipped, [], {}).settings.speculative.num_speculative_tokens_per_batch_size

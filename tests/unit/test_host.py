@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.engine_args import engine_kwargs
-from dynamo_spec.host import Host, cpu_info, resolve_dtype
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.engine.args import engine_kwargs
+from dynamo_spec.engine.host import Host, cpu_info, resolve_dtype
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_cpu_default_config_resolves_per_host(repo_root):
 
 
 def test_cpu_preload_finds_intel_openmp_in_the_environment(tmp_path):
-    from dynamo_spec.host import cpu_preload_libraries
+    from dynamo_spec.engine.host import cpu_preload_libraries
 
     (tmp_path / "lib").mkdir()
     assert str(tmp_path / "lib" / "libiomp5.so") not in cpu_preload_libraries(str(tmp_path))
@@ -73,7 +73,7 @@ def test_cpu_preload_finds_intel_openmp_in_the_environment(tmp_path):
 
 
 def test_cpu_preload_prepends_what_is_missing_and_keeps_the_users():
-    from dynamo_spec.host import apply_cpu_preload
+    from dynamo_spec.engine.host import apply_cpu_preload
 
     env: dict[str, str] = {}
     assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == [
@@ -91,9 +91,9 @@ def test_cpu_preload_prepends_what_is_missing_and_keeps_the_users():
     assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc_minimal.so.4:/t/torch.libs/libgomp-a34b3233.so.1.0.0"
 
 
-# --- vLLM's Zen CPU platform on AMD CPUs (dynamo_spec/zen_platform.py) -------------------
+# --- vLLM's Zen CPU platform on AMD CPUs (dynamo_spec/vllm_patches/zen_platform.py) -------------------
 
-from dynamo_spec import zen_platform  # noqa: E402
+from dynamo_spec.vllm_patches import zen_platform  # noqa: E402
 
 
 @pytest.mark.parametrize("vllm_choice, amd, environ, importable, expected", [

@@ -67,7 +67,7 @@ def _server_pod(docs: list[dict]) -> dict:
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_probes_ports_and_grace_match_the_server(rendered, name, tmp_path):
-    from dynamo_spec.config_loader import load_settings
+    from dynamo_spec.config.loader import load_settings
 
     docs = rendered[name]
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]

@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dynamo_spec.metrics import DynamoSpecMetrics
+from dynamo_spec.serving.metrics import DynamoSpecMetrics
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynamo_spec.config_loader import load_settings
-from dynamo_spec.preflight import run_preflight
+from dynamo_spec.config.loader import load_settings
+from dynamo_spec.config.preflight import run_preflight
 
 pytestmark = pytest.mark.unit
 
@@ -191,7 +191,7 @@ def test_schedule_must_cover_the_configured_max_num_seqs(pair):
 
 
 def test_schedule_entries_are_typed(pair, tmp_path):
-    from dynamo_spec.config_loader import ConfigError
+    from dynamo_spec.config.loader import ConfigError
 
     target, draft, _ = pair
     with pytest.raises(ConfigError, match=r"cli: speculative.num_speculative_tokens_per_batch_size.0.2: missing item"):
@@ -199,8 +199,8 @@ def test_schedule_entries_are_typed(pair, tmp_path):
 
 
 def test_parallel_layout_against_the_machine():
-    from dynamo_spec.preflight import check_parallel
-    from dynamo_spec.settings import Settings
+    from dynamo_spec.config.preflight import check_parallel
+    from dynamo_spec.config.settings import Settings
 
     def problems(engine: dict, spec: dict | None = None, on_cpu: bool = False, gpus: int | None = 4) -> list[str]:
         settings = Settings(engine={"model": "m", **engine},
@@ -220,7 +220,7 @@ def test_parallel_layout_against_the_machine():
 
 
 def to_speculators_format(target: Path, draft: Path) -> None:
-    from dynamo_spec.eagle3_format import to_speculators
+    from dynamo_spec.config.eagle3_format import to_speculators
 
     cfg = json.loads((draft / "config.json").read_text())
     archs = json.loads((target / "config.json").read_text())["architectures"]
@@ -229,7 +229,7 @@ def to_speculators_format(target: Path, draft: Path) -> None:
 
 
 def test_speculators_format_draft_passes_and_a_mismatch_is_caught(pair):
-    from dynamo_spec.eagle3_format import vllm_view
+    from dynamo_spec.config.eagle3_format import vllm_view
 
     target, draft, _ = pair
     ours = json.loads((draft / "config.json").read_text())
@@ -285,7 +285,7 @@ def test_a_schedule_per_dtype_is_checked_entry_by_entry(pair):
 
 
 def test_a_schedule_per_dtype_names_an_unknown_dtype(pair, tmp_path):
-    from dynamo_spec.config_loader import ConfigError
+    from dynamo_spec.config.loader import ConfigError
 
     target, draft, _ = pair
     config = tmp_path / "c.yaml"

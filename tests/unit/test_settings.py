@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dynamo_spec.config_loader import ConfigError, effective_config, load_settings
+from dynamo_spec.config.loader import ConfigError, effective_config, load_settings
 
 pytestmark = pytest.mark.unit
 
@@ -128,8 +128,8 @@ def test_cli_config_prints_sources(tmp_path, write_config):
 
 
 def test_frontend_options_are_checked_and_reach_vllm_serving_args():
-    from dynamo_spec.engine_args import vllm_serving_args
-    from dynamo_spec.settings import Settings
+    from dynamo_spec.config.settings import Settings
+    from dynamo_spec.engine.args import vllm_serving_args
 
     settings = Settings(engine={"model": "m"}, speculative={"enabled": False},
                         server={"served_model_name": "served",

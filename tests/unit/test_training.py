@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from dynamo_spec.config.eagle3_format import draft_config
 from dynamo_spec.default_model import random_draft_weights
-from dynamo_spec.eagle3_format import draft_config
 from dynamo_spec.training.model import Eagle3Draft, ttt_loss
 from dynamo_spec.training.train import TrainConfig, batch_at, epoch_rows, make_batch, save_draft
 from dynamo_spec.training.verify import compare
@@ -236,7 +236,7 @@ def test_training_on_nothing_is_refused(tmp_path):
 
 
 def test_aux_layer_rule_is_one_rule():
-    from dynamo_spec.eagle3_format import aux_layer_problem
+    from dynamo_spec.config.eagle3_format import aux_layer_problem
 
     # vLLM's id i is the hidden state after i layers: 0..n are all valid for n layers.
     assert aux_layer_problem([0, 3, 5], 5) is None
@@ -282,7 +282,7 @@ def test_train_draft_errors_are_one_line(tmp_path):
 
 
 def test_save_draft_in_the_speculators_format(tmp_path):
-    from dynamo_spec.eagle3_format import vllm_view
+    from dynamo_spec.config.eagle3_format import vllm_view
 
     target = tmp_path / "target"
     target.mkdir()

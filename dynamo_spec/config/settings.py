@@ -3,7 +3,7 @@
 Values come from four layers, highest first: command-line overrides
 (``--speculative.num_speculative_tokens 3``), environment variables
 (``DYNAMO_SPEC_SPECULATIVE__NUM_SPECULATIVE_TOKENS=3``), one YAML file, and the
-defaults below. :func:`dynamo_spec.config_loader.load_settings` layers them and
+defaults below. :func:`dynamo_spec.config.loader.load_settings` layers them and
 records where each value came from.
 """
 

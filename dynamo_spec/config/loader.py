@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import EnvSettingsSource
 
-from dynamo_spec.settings import ENV_DELIMITER, ENV_PREFIX, SCHEDULE_TAGS, Settings, did_you_mean
+from dynamo_spec.config.settings import ENV_DELIMITER, ENV_PREFIX, SCHEDULE_TAGS, Settings, did_you_mean
 
 Path_ = tuple[str, ...]
 

@@ -1,5 +1,5 @@
 """``CheckedZenCpuPlatform``: vLLM's Zen CPU platform with zentorch's GEMMs only for the dtypes
-zentorch computes (chosen by the platform plugin in ``dynamo_spec/zen_platform.py``, which says why)."""
+zentorch computes (chosen by the platform plugin in ``dynamo_spec/vllm_patches/zen_platform.py``, which says why)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 from vllm.platforms.zen_cpu import ZenCpuPlatform
 
-from dynamo_spec.host import detect_host
-from dynamo_spec.zen_platform import ENV, zen_gemm_works
+from dynamo_spec.engine.host import detect_host
+from dynamo_spec.vllm_patches.zen_platform import ENV, zen_gemm_works
 
 
 class CheckedZenCpuPlatform(ZenCpuPlatform):

@@ -1,4 +1,4 @@
-"""What feeds the metrics of ``dynamo_spec.metrics``: building them from the settings, the
+"""What feeds the metrics of ``dynamo_spec.serving.metrics``: building them from the settings, the
 engine client that meters every request, the HTTP middleware that counts requests by
 route and sets the tenant, and the periodic log line. The metrics themselves, and vLLM's
 stat logger that feeds the acceptance window, are in ``metrics``."""
@@ -15,8 +15,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynamo_spec import __version__
-from dynamo_spec.metrics import DynamoSpecMetrics, current_tenant
-from dynamo_spec.settings import Settings
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.serving.metrics import DynamoSpecMetrics, current_tenant
 
 
 def build_metrics(settings: Settings, registry: CollectorRegistry) -> DynamoSpecMetrics:

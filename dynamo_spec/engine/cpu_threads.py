@@ -15,9 +15,9 @@ import logging
 import os
 from collections.abc import MutableMapping
 
-from dynamo_spec.host import on_cpu
+from dynamo_spec.engine.host import on_cpu
 
-logger = logging.getLogger("dynamo_spec.cpu_threads")
+logger = logging.getLogger("dynamo_spec.engine.cpu_threads")
 
 SMALL = 4
 VAR = "VLLM_CPU_OMP_THREADS_BIND"

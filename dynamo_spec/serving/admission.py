@@ -25,11 +25,11 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dynamo_spec.lifecycle import Lifecycle, Phase
-from dynamo_spec.metrics import DynamoSpecMetrics
-from dynamo_spec.settings import LimitsSettings
+from dynamo_spec.config.settings import LimitsSettings
+from dynamo_spec.serving.lifecycle import Lifecycle, Phase
+from dynamo_spec.serving.metrics import DynamoSpecMetrics
 
-logger = logging.getLogger("dynamo_spec.admission")
+logger = logging.getLogger("dynamo_spec.serving.admission")
 
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 # After a timeout, how long the app gets to abort the request and return.

@@ -18,14 +18,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dynamo_spec.admission import AdmissionMiddleware, openai_error
-from dynamo_spec.engine_args import vllm_serving_args
-from dynamo_spec.lifecycle import Lifecycle, Phase
-from dynamo_spec.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
-from dynamo_spec.metrics import DynamoSpecMetrics
-from dynamo_spec.settings import Settings
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.engine.args import vllm_serving_args
+from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
+from dynamo_spec.serving.lifecycle import Lifecycle, Phase
+from dynamo_spec.serving.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
+from dynamo_spec.serving.metrics import DynamoSpecMetrics
 
-logger = logging.getLogger("dynamo_spec.app")
+logger = logging.getLogger("dynamo_spec.serving.app")
 
 WATCHDOG_SECONDS = 5.0
 

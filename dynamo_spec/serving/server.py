@@ -19,13 +19,13 @@ from types import FrameType
 import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from dynamo_spec.app import attach_engine, create_app
-from dynamo_spec.engine import open_engine, stop_loading
-from dynamo_spec.lifecycle import Lifecycle, Phase
-from dynamo_spec.metering import build_metrics
-from dynamo_spec.settings import Settings
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.engine.async_llm import open_engine, stop_loading
+from dynamo_spec.serving.app import attach_engine, create_app
+from dynamo_spec.serving.lifecycle import Lifecycle, Phase
+from dynamo_spec.serving.metering import build_metrics
 
-logger = logging.getLogger("dynamo_spec.server")
+logger = logging.getLogger("dynamo_spec.serving.server")
 
 # After the drain, uvicorn closes what is left; requests still running then are cancelled
 # (and so aborted in the engine) after this many seconds.

@@ -32,7 +32,7 @@ class Host:
     cpu_model: str
     cpu_flags: frozenset[str]
     environ: Mapping[str, str]
-    platform: str = ""  # vLLM's platform class, e.g. CpuPlatform, ZenCpuPlatform (dynamo_spec/zen_platform.py)
+    platform: str = ""  # vLLM's platform class, e.g. CpuPlatform, ZenCpuPlatform (dynamo_spec/vllm_patches/zen_platform.py)
 
     @property
     def native_bf16(self) -> tuple[bool, str]:

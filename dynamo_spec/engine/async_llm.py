@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from dynamo_spec.cpu_threads import default_cpu_thread_binding
-from dynamo_spec.engine_args import build_engine_args, schedule_for
-from dynamo_spec.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
-from dynamo_spec.settings import Settings
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.engine.args import build_engine_args, schedule_for
+from dynamo_spec.engine.cpu_threads import default_cpu_thread_binding
+from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
 
-logger = logging.getLogger("dynamo_spec.engine")
+logger = logging.getLogger("dynamo_spec.engine.async_llm")
 
 
 @asynccontextmanager

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-logger = logging.getLogger("dynamo_spec.metrics")
+logger = logging.getLogger("dynamo_spec.serving.metrics")
 
 # Tenant of the request being served (set by the HTTP middleware).
 current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("dynamo_spec_tenant", default="default")
@@ -252,7 +252,7 @@ class DynamoSpecMetrics:
         self.http_in_flight = Gauge(
             "dynamo_spec_http_requests_in_flight", "HTTP requests being served.", ["route"], registry=registry
         )
-        # Admission (dynamo_spec.admission). PromQL shed ratio:
+        # Admission (dynamo_spec.serving.admission). PromQL shed ratio:
         #   sum(rate(dynamo_spec_requests_rejected_total{reason="overloaded"}[5m]))
         #   / sum(rate(dynamo_spec_http_requests_total{route=~"/v1/(chat/)?completions"}[5m]))
         self.rejected = Counter(

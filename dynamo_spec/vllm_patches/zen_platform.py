@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from dynamo_spec.host import Host
+from dynamo_spec.engine.host import Host
 
 # In its own module: vLLM's CPU platform code is imported only where this platform is chosen.
-ZEN_PLATFORM = "dynamo_spec.zen_cpu_platform.CheckedZenCpuPlatform"
+ZEN_PLATFORM = "dynamo_spec.vllm_patches.zen_cpu_platform.CheckedZenCpuPlatform"
 CPU_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
 ENV = "DYNAMO_SPEC_ZENTORCH"
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dynamo_spec import eagle3_format
-from dynamo_spec.host import on_cpu as host_on_cpu
-from dynamo_spec.settings import Settings
+from dynamo_spec.config import eagle3_format
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.engine.host import on_cpu as host_on_cpu
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"}

