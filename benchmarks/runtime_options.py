@@ -31,8 +31,8 @@ from pathlib import Path
 from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from dynamo_spec.config import schedule as schedules
 from dynamo_spec.config.loader import load_settings
-from dynamo_spec.engine.args import schedule_for
 from dynamo_spec.engine.host import detect_host, resolve_dtype
 
 
@@ -73,11 +73,11 @@ def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     # The schedule that applies on this host with num_speculative_tokens lowered to its largest k
     # (a config with a schedule per dtype keeps the largest k of all entries).
     settings = load_settings(config).settings
-    schedule, _ = schedule_for(settings, resolve_dtype(settings.engine.dtype, detect_host())[0])
-    if schedule and (top := max(k for _, _, k in schedule)):
+    schedule, _ = schedules.for_engine(settings, resolve_dtype(settings.engine.dtype, detect_host())[0])
+    if schedule and (top := schedules.top_k(schedule)):
         out["nst-max"] = ({}, ["--speculative.num_speculative_tokens", str(top),
                                "--speculative.num_speculative_tokens_per_batch_size",
-                               json.dumps([list(e) for e in schedule])])
+                               json.dumps(schedules.as_lists(schedule))])
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
     out["no-local-argmax"] = ({}, ["--speculative.extra.use_local_argmax_reduction", "false"])

@@ -77,8 +77,7 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from dynamo_spec.config.preflight import SCHEDULE_FIELD
-    from dynamo_spec.engine.args import schedule_for
+    from dynamo_spec.config import schedule
     from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     loaded = _load(args)
@@ -86,9 +85,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     # Values resolved at start-up (field -> (what vLLM gets, why)), shown beside what was written.
     dtype, why = resolve_dtype(loaded.settings.engine.dtype, detect_host())
     resolved = {"engine.dtype": (dtype, why)} if why else {}
-    schedule, schedule_why = schedule_for(loaded.settings, dtype)
-    if schedule_why:
-        resolved[SCHEDULE_FIELD] = ([list(e) for e in schedule] if schedule else None, schedule_why)
+    applied, why_schedule = schedule.for_engine(loaded.settings, dtype)
+    if why_schedule:
+        resolved[schedule.FIELD] = (schedule.as_lists(applied), why_schedule)
     if args.json:
         out = []
         for f, v, s in rows:
@@ -114,6 +113,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from dynamo_spec.config.preflight import run_preflight
 
     loaded = _load(args)
+    for note in loaded.notes:
+        print(note)
     problems = run_preflight(loaded.settings)
     for problem in problems:
         print(problem, file=sys.stderr if problem.level == "error" else sys.stdout)
@@ -129,9 +130,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from dynamo_spec.config.preflight import run_preflight
     from dynamo_spec.serving.server import run
 
-    settings = _load(args).settings
+    loaded = _load(args)
+    settings = loaded.settings
     setup_logging(settings.server.log_level)
     log = logging.getLogger("dynamo_spec")
+    for note in loaded.notes:
+        log.info("%s", note)
     problems = run_preflight(settings)
     for problem in problems:
         if problem.level == "warning":

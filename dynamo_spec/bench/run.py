@@ -37,9 +37,8 @@ from dynamo_spec.bench import report
 from dynamo_spec.bench.load import CellResult, run_cell
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
-from dynamo_spec.config.settings import SCHEDULE_KEYS
+from dynamo_spec.config import schedule as schedules
 
-SCHEDULE_KEY = "speculative.num_speculative_tokens_per_batch_size"
 STARTS_AT_ONCE = 2  # servers started at once (`_Bench.start`)
 
 
@@ -158,7 +157,7 @@ def _server_overrides(k: int | None, schedule: list[list[int]] | None) -> list[s
     if k == 0:
         return ["--speculative.enabled", "false"]
     out = ["--speculative.enabled", "true", "--speculative.num_speculative_tokens", str(k)]
-    return out + ["--" + SCHEDULE_KEY, json.dumps(schedule) if schedule else "null"]
+    return out + ["--" + schedules.FIELD, json.dumps(schedule) if schedule else "null"]
 
 
 def write_schedule_config(config: Path, schedule: list[list[int]], out: Path, dtype: str = "default") -> Path:
@@ -185,14 +184,13 @@ def write_schedule_config(config: Path, schedule: list[list[int]], out: Path, dt
     spec = data.setdefault("speculative", {})
     per_dtype = spec.get("num_speculative_tokens_per_batch_size")
     if isinstance(per_dtype, dict):
-        key = dtype if dtype in SCHEDULE_KEYS else "default"
-        per_dtype = {**per_dtype, key: schedule}
-        top = max(k for entry in per_dtype.values() for _, _, k in entry)
+        per_dtype = schedules.with_entry(per_dtype, dtype, schedule)
+        top = max(schedules.top_k(entry) for entry in per_dtype.values())
         spec["enabled"] = top > 0
         if top:
             spec["num_speculative_tokens"] = top
         spec["num_speculative_tokens_per_batch_size"] = per_dtype
-    elif (top := max(k for _, _, k in schedule)) == 0:
+    elif (top := schedules.top_k(schedule)) == 0:
         spec["enabled"] = False
         spec.pop("num_speculative_tokens_per_batch_size", None)
     else:
@@ -353,7 +351,7 @@ class _Bench:
                                             self.result["host"]["dtype"])
         self.result["derived"] = {"choice": {str(c): k for c, k in choice.items()}, "schedule": schedule,
                                   "margin": self.args.margin, "config_file": str(config_file)}
-        top = max(k for _, _, k in schedule)
+        top = schedules.top_k(schedule)
         return _server_overrides(top, schedule) if top else _server_overrides(0, None)
 
     async def sequential(self, ks: list[int], never: list[list[int]]) -> None:
@@ -482,7 +480,6 @@ def default_together(args: argparse.Namespace, on_cpu: bool) -> int | None:
 async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets: dict) -> int:
     from dynamo_spec.config.loader import load_settings
     from dynamo_spec.config.preflight import effective_max_num_seqs
-    from dynamo_spec.engine.args import schedule_for
     from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     config = Path(args.config)
@@ -496,7 +493,7 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
     derive, judge = split(sets)
     max_batch = effective_max_num_seqs(settings, host.on_cpu)
     dtype = resolve_dtype(settings.engine.dtype, host)[0]
-    configured = schedule_for(settings, dtype)[0] if settings.speculative.enabled else None
+    configured = schedules.for_engine(settings, dtype)[0] if settings.speculative.enabled else None
     never = [[1, max_batch, 0]]  # speculation on, never a draft token: the schedule's k=0 ranges
     result: dict[str, Any] = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -509,7 +506,7 @@ async def _bench_config(args: argparse.Namespace, concurrencies: list[int], sets
                      "per_client": args.per_client, "rounds": args.rounds, "max_tokens": args.max_tokens,
                      "temperature": args.temperature, "prompt_sets": {n: len(v) for n, v in sets.items()},
                      "derive_prompts": len(derive), "judge_prompts": len(judge),
-                     "config_schedule": None if configured is None else [list(e) for e in configured]},
+                     "config_schedule": schedules.as_lists(configured)},
         "host": host_info(dtype, settings.engine.cpu_preload),
         "servers": {"mode": "sequential"},
         "columns": {},

@@ -8,6 +8,7 @@ validation error can name the field and the place that set it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import EnvSettingsSource
 
-from dynamo_spec.config.settings import ENV_DELIMITER, ENV_PREFIX, SCHEDULE_TAGS, Settings, did_you_mean
+from dynamo_spec.config import schedule
+from dynamo_spec.config.settings import ENV_DELIMITER, ENV_PREFIX, Settings, did_you_mean
 
 Path_ = tuple[str, ...]
 
@@ -31,6 +33,7 @@ class ConfigError(Exception):
 class LoadedSettings:
     settings: Settings
     sources: dict[Path_, str]  # field path -> where its value came from
+    notes: tuple[str, ...] = ()  # what loading changed, for the log (a schedule capped at a lowered k)
 
     def source_of(self, dotted: str) -> str:
         return _lookup(self.sources, tuple(dotted.split("."))) or "default"
@@ -55,11 +58,12 @@ def load_settings(
             if any(path[: len(p)] == p or p[: len(path)] == path for p in origin):
                 del sources[path]
         sources.update(origin)
+    notes = [note] if (note := _cap_schedule_at_lowered_k(merged, sources)) else []
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
         raise ConfigError(_explain(exc, sources, config_file)) from None
-    return LoadedSettings(settings, sources)
+    return LoadedSettings(settings, sources, tuple(notes))
 
 
 def effective_config(loaded: LoadedSettings) -> list[tuple[str, Any, str]]:
@@ -79,6 +83,43 @@ def effective_config(loaded: LoadedSettings) -> list[tuple[str, Any, str]]:
 
     walk(loaded.settings, ())
     return rows
+
+
+def _rank(source: str | None) -> int:
+    """How explicit a source is: the order of the layers (command line > environment > file > default)."""
+    if source is None:
+        return 0
+    if source == "cli":
+        return 3
+    return 2 if source.startswith("env ") else 1
+
+
+def _cap_schedule_at_lowered_k(merged: dict[str, Any], sources: dict[Path_, str]) -> str | None:
+    """A k set above the schedule's layer (``--speculative.num_speculative_tokens 2`` over a file's
+    schedule with k=4 entries) caps the schedule at that k: the user lowered k and expects the
+    schedule to follow. A schedule set as explicitly as k that asks for more stays a preflight error.
+    Returns the note to log, or None when nothing changed."""
+    spec = merged.get("speculative")
+    if not isinstance(spec, dict):
+        return None
+    k, value = spec.get("num_speculative_tokens"), spec.get("num_speculative_tokens_per_batch_size")
+    if isinstance(k, str) and k.strip().isdigit():  # the environment's values are strings
+        k = int(k)
+    if not isinstance(k, int) or isinstance(k, bool) or value is None:
+        return None
+    k_source = sources.get(("speculative", "num_speculative_tokens"))
+    field = tuple(schedule.FIELD.split("."))
+    schedule_paths = [p for p in sources if p[: len(field)] == field]
+    if _rank(k_source) <= max((_rank(sources[p]) for p in schedule_paths), default=0):
+        return None
+    lowered = schedule.capped(value, k)
+    if lowered == value:
+        return None
+    spec["num_speculative_tokens_per_batch_size"] = lowered
+    where = ", ".join(sorted({sources[p] for p in schedule_paths}))
+    for p in schedule_paths:
+        sources[p] += f" (capped at k={k} by {k_source})"
+    return f"{schedule.FIELD} ({where}) capped at k={k}, the {schedule.K_FIELD} set by {k_source}: {json.dumps(lowered)}"
 
 
 # --- the three sources -------------------------------------------------------
@@ -224,7 +265,7 @@ def _lookup(sources: Mapping[Path_, str], path: Path_) -> str | None:
 def _explain(exc: ValidationError, sources: dict[Path_, str], config_file: str | Path | None) -> str:
     lines = []
     for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-") and str(p) not in (*SCHEDULE_TAGS, "[key]"))
+        loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-") and str(p) not in (*schedule.TAGS, "[key]"))
         message = err["msg"].removeprefix("Value error, ")
         if not loc and ": " in message:  # a cross-field check names its field first
             head, message = message.split(": ", 1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dynamo_spec.config import eagle3_format
+from dynamo_spec.config import eagle3_format, schedule
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.host import on_cpu as host_on_cpu
 
@@ -84,9 +84,9 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         max_num_seqs = effective_max_num_seqs(settings, on_cpu)
         where = "engine.max_num_seqs" if settings.engine.max_num_seqs else "vLLM's default max_num_seqs here"
         value = spec.num_speculative_tokens_per_batch_size
-        for key, schedule in (value.items() if isinstance(value, dict) else [(None, value)]):
-            problems += check_schedule(schedule, spec.num_speculative_tokens, max_num_seqs, where,
-                                       field=SCHEDULE_FIELD + (f".{key}" if key else ""))
+        for field, entry in schedule.entries(value):
+            problems += [Problem("error", line)
+                         for line in schedule.problems(entry, spec.num_speculative_tokens, max_num_seqs, where, field)]
     problems += check_parallel(settings, on_cpu, None if on_cpu else _gpu_count())
     problems += check_tp_split(settings, target, draft)
     problems += _check_memory(settings, target, draft, on_cpu)
@@ -141,7 +141,7 @@ def check_parallel(settings: Settings, on_cpu: bool, visible_gpus: int | None) -
                                          f"exceeds engine.tensor_parallel_size {engine.tensor_parallel_size}; vLLM "
                                          "runs the draft on the target's ranks"))
     if spec.enabled and spec.num_speculative_tokens_per_batch_size is not None and engine.data_parallel_size > 1:
-        problems.append(Problem("warning", f"{SCHEDULE_FIELD} is ignored with engine.data_parallel_size > 1 (vLLM "
+        problems.append(Problem("warning", f"{schedule.FIELD} is ignored with engine.data_parallel_size > 1 (vLLM "
                                            f"turns it off: ranks could pick different k); every step drafts "
                                            f"k={spec.num_speculative_tokens}"))
     return problems
@@ -155,38 +155,6 @@ VLLM_DEFAULT_MAX_NUM_SEQS = {"cpu": 128, "gpu": 256}
 def effective_max_num_seqs(settings: Settings, on_cpu: bool) -> int:
     """The largest batch the engine will run: engine.max_num_seqs, else vLLM's default here."""
     return settings.engine.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS["cpu" if on_cpu else "gpu"]
-SCHEDULE_FIELD = "speculative.num_speculative_tokens_per_batch_size"
-
-
-def check_schedule(schedule: list[tuple[int, int, int]], k: int, max_num_seqs: int,
-                   where: str = "engine.max_num_seqs", field: str = SCHEDULE_FIELD) -> list[Problem]:
-    """A batch-size schedule of k: ordered, non-overlapping ranges covering 1..max_num_seqs, 0 <= k_i <= k."""
-    problems: list[Problem] = []
-    if not schedule:
-        return [Problem("error", f"{field}: empty; give entries [lo, hi, k] or leave it unset")]
-    expected_lo = 1
-    malformed = False
-    for i, (lo, hi, k_i) in enumerate(schedule):
-        entry = f"{field}[{i}] [{lo}, {hi}, {k_i}]"
-        if lo < 1 or hi < lo:
-            malformed = True  # then the coverage check below would only repeat this line
-            problems.append(Problem("error", f"{entry}: a range needs 1 <= lo <= hi (batch sizes are inclusive)"))
-        elif lo < expected_lo:
-            problems.append(Problem("error", f"{entry}: overlaps or is out of order with the previous range "
-                                             f"(next range must start at {expected_lo})"))
-        elif lo > expected_lo:
-            problems.append(Problem("error", f"{entry}: batch sizes {expected_lo}..{lo - 1} have no range "
-                                             f"(the ranges must cover 1..{max_num_seqs} without gaps)"))
-        if not 0 <= k_i <= k:
-            problems.append(Problem("error", f"{entry}: k must be in 0..speculative.num_speculative_tokens ({k}); "
-                                             "vLLM would silently cap it"))
-        expected_lo = max(expected_lo, hi + 1)
-    if expected_lo <= max_num_seqs and not malformed:
-        problems.append(Problem("error", f"{field}: the ranges end at {expected_lo - 1} but {where} is "
-                                         f"{max_num_seqs}; extend the last range to {max_num_seqs}"))
-    return problems
-
-
 # --- loading -----------------------------------------------------------------
 
 

@@ -13,10 +13,12 @@ import dataclasses
 import difflib
 import functools
 import typing
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Discriminator, Field, SecretStr, Tag, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from dynamo_spec.config import schedule
 
 ENV_PREFIX = "DYNAMO_SPEC_"
 ENV_DELIMITER = "__"
@@ -82,20 +84,6 @@ def _check_passthrough(extra: dict[str, Any], known: frozenset[str], typed: set[
             raise ValueError(f"'{key}' is a typed field: set {section}.{key} instead of {section}.extra.{key}")
         if key not in known:
             raise ValueError(f"'{key}' is not a vLLM option{did_you_mean(key, known)}")
-
-
-# A batch-size schedule of k: entries [lo, hi, k]. Per host it may be a map from the engine's
-# resolved dtype (what `engine.dtype: auto` picks from the CPU) to a schedule, `default` for
-# any other; the tags name the two forms (config errors leave them out of field names).
-Schedule = list[tuple[int, int, int]]
-ScheduleKey = Literal["bfloat16", "float16", "float32", "default"]
-SCHEDULE_KEYS: tuple[str, ...] = typing.get_args(ScheduleKey)
-SCHEDULE_TAGS = ("union-schedule", "union-by-dtype")
-ScheduleSetting = Annotated[
-    Annotated[Schedule, Tag(SCHEDULE_TAGS[0])]
-    | Annotated[dict[ScheduleKey, Schedule], Tag(SCHEDULE_TAGS[1])],
-    Discriminator(lambda v: SCHEDULE_TAGS[1] if isinstance(v, dict) else SCHEDULE_TAGS[0]),
-]
 
 
 class _Section(BaseModel):
@@ -194,7 +182,7 @@ class SpeculativeSettings(_Section):
     method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
     model: str | None = Field(None, description="Draft checkpoint: a local directory or a Hugging Face id.")
     num_speculative_tokens: int = Field(3, ge=1, le=32, description="Tokens the draft proposes per step (k).")
-    num_speculative_tokens_per_batch_size: ScheduleSetting | None = Field(
+    num_speculative_tokens_per_batch_size: schedule.Setting | None = Field(
         None,
         description="Batch-size schedule of k: entries [lo, hi, k], inclusive ranges of the number of requests "
         "in an engine step; k=0 turns speculation off in that range; k <= num_speculative_tokens. "

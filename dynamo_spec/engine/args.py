@@ -6,28 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.host import Host, detect_host, resolve_dtype
-
-DTYPE_ALIASES = {"half": "float16", "float": "float32"}
-
-
-def schedule_for(settings: Settings, dtype: str) -> tuple[list[tuple[int, int, int]] | None, str | None]:
-    """The batch-size schedule of k that applies when the engine runs in `dtype`, and why
-    (None when the setting is one schedule or none).
-
-    A schedule per dtype (``{bfloat16: [...], float32: [...]}``) picks the entry for the
-    resolved dtype, else ``default``, else none (a fixed k).
-    """
-    value = settings.speculative.num_speculative_tokens_per_batch_size
-    if not isinstance(value, dict):
-        return value, None
-    dtype = DTYPE_ALIASES.get(dtype, dtype)
-    if dtype in value:
-        return value[dtype], f"the {dtype} entry (the engine runs in {dtype})"
-    if "default" in value:
-        return value["default"], f"the default entry (no {dtype} entry)"
-    return None, f"no entry for {dtype} and no default: a fixed k of speculative.num_speculative_tokens"
 
 
 def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str, Any] | None:
@@ -42,9 +23,9 @@ def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str
     config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
     if spec.model is not None:
         config["model"] = spec.model
-    schedule, _ = schedule_for(settings, dtype or settings.engine.dtype)
-    if schedule is not None:
-        config["num_speculative_tokens_per_batch_size"] = [list(e) for e in schedule]
+    applied, _ = schedule.for_engine(settings, dtype or settings.engine.dtype)
+    if applied is not None:
+        config["num_speculative_tokens_per_batch_size"] = schedule.as_lists(applied)
     if spec.draft_tensor_parallel_size is not None:
         config["draft_tensor_parallel_size"] = spec.draft_tensor_parallel_size
     config.update(spec.extra)

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
-from dynamo_spec.engine.args import build_engine_args, schedule_for
+from dynamo_spec.engine.args import build_engine_args
 from dynamo_spec.engine.cpu_threads import default_cpu_thread_binding
 from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
 
@@ -34,10 +35,9 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
         logger.info("engine.dtype: %s (%s; CPU: %s; vLLM platform: %s)", dtype, why, host.cpu_model, host.platform)
-    schedule, schedule_why = schedule_for(settings, dtype)
-    if schedule_why and settings.speculative.enabled:
-        logger.info("speculative.num_speculative_tokens_per_batch_size: %s (%s)",
-                    [list(e) for e in schedule] if schedule else None, schedule_why)
+    applied, why_schedule = schedule.for_engine(settings, dtype)
+    if why_schedule and settings.speculative.enabled:
+        logger.info("%s: %s (%s)", schedule.FIELD, schedule.as_lists(applied), why_schedule)
     if host.on_cpu and settings.engine.cpu_preload:
         wanted = cpu_preload_libraries()
         added = apply_cpu_preload(os.environ, wanted)

@@ -1,5 +1,10 @@
 """Everything that runs inside vLLM's processes: the patches of vLLM, one a module.
 
+Each patch module's docstring says what upstream does, what the patch changes, and what would
+let it go; it declares the vLLM versions it was checked on (``CHECKED_ON``) and the upstream
+signatures it was written for (``UPSTREAM_SIGNATURES``), and applies only on those versions
+(``_upstream.checked``: on another it logs one line and changes nothing).
+
 ``register`` is the ``vllm.general_plugins`` entry point ``dynamo_spec_cpu_fixes``; vLLM
 calls it in every process it starts (if ``VLLM_PLUGINS`` is set, it must name it). The Zen
 platform (``zen_platform``) is a ``vllm.platform_plugins`` entry point of its own.
@@ -16,6 +21,8 @@ logger = logging.getLogger("vllm.dynamo_spec_plugin")
 PLUGIN_NAME = "dynamo_spec_cpu_fixes"
 # "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
 ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
+# The patch modules (each with CHECKED_ON and UPSTREAM_SIGNATURES).
+PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "zen_platform")
 
 
 def register() -> None:

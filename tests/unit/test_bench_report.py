@@ -7,7 +7,7 @@ import pytest
 from dynamo_spec.bench import report
 from dynamo_spec.bench.load import CellResult, RequestResult
 from dynamo_spec.bench.prompts import PromptError, load_sets, read_prompts, split
-from dynamo_spec.config.preflight import check_schedule
+from dynamo_spec.config.schedule import problems as check_schedule
 
 pytestmark = pytest.mark.unit
 

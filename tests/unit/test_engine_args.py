@@ -129,7 +129,7 @@ def test_schedule_reaches_the_speculative_config(repo_root):
 
 
 def test_a_schedule_per_dtype_applies_the_entry_for_the_dtype_the_engine_runs_in(repo_root):
-    from dynamo_spec.engine.args import schedule_for
+    from dynamo_spec.config.schedule import for_engine as schedule_for
     from dynamo_spec.engine.host import Host
 
     per_dtype = '{"bfloat16": [[1, 2, 3], [3, 128, 0]], "float32": [[1, 1, 2], [2, 128, 0]]}'
