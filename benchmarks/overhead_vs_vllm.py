@@ -31,8 +31,8 @@ from dynamo_spec.bench.report import percentiles
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.config.loader import load_settings
 from dynamo_spec.engine.args import engine_kwargs
-from dynamo_spec.engine.cpu_threads import default_cpu_thread_binding
-from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries, detect_host
+from dynamo_spec.engine.host import detect_host
+from dynamo_spec.engine.process_env import prepare_engine_processes
 
 
 def vllm_serve_argv(config: Path, port: int) -> list[str]:
@@ -101,9 +101,7 @@ def main() -> None:
     items = read_prompts(args.prompts) if args.prompts else split(load_sets())[1]
     concurrency = [int(c) for c in args.concurrency.split(",")]
     # The same thread binding and preloads for both servers (ours sets them the same way itself).
-    default_cpu_thread_binding()
-    if settings.engine.cpu_preload and detect_host().on_cpu:
-        apply_cpu_preload(os.environ, cpu_preload_libraries())
+    prepare_engine_processes(cpu_preload=settings.engine.cpu_preload)
     rows: dict[str, list[dict]] = {"ours": [], "vllm": []}
     for r in range(args.rounds):
         order = ("ours", "vllm") if r % 2 == 0 else ("vllm", "ours")

@@ -39,14 +39,8 @@ ensure_venv() {
   touch "$stamp"
 }
 
-# Keep vLLM's caches and sockets inside the repository's .cache and off the network
-# when the models are local.
+# Keep vLLM's caches, config and sockets inside the repository's .cache, its usage reporting off
+# (the one definition: dynamo_spec/engine/process_env.py; variables already set are kept).
 vllm_runtime_env() {
-  local cache="$DYNAMO_SPEC_ROOT/.cache/runtime"
-  mkdir -p "$cache/rpc"
-  export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$cache/vllm}
-  export VLLM_CONFIG_ROOT=${VLLM_CONFIG_ROOT:-$cache/vllm-config}
-  export VLLM_RPC_BASE_PATH=${VLLM_RPC_BASE_PATH:-$cache/rpc}
-  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$cache/inductor}
-  export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+  eval "$("$DYNAMO_SPEC_VENV/bin/python" -m dynamo_spec.engine.process_env "$DYNAMO_SPEC_ROOT/.cache/runtime")"
 }

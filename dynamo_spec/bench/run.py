@@ -125,7 +125,7 @@ def host_info(dtype: str, preload: bool = False) -> dict[str, Any]:
 def _engine_ld_preload(preload: bool) -> str:
     """LD_PRELOAD the servers' engine processes get: the environment's, plus engine.cpu_preload's
     (libraries inside the Python environment written as ``<venv>/...``: reports carry no local paths)."""
-    from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries
+    from dynamo_spec.engine.process_env import apply_cpu_preload, cpu_preload_libraries
 
     env = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
     if preload:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,8 +12,8 @@ from typing import Any
 from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import build_engine_args
-from dynamo_spec.engine.cpu_threads import default_cpu_thread_binding
-from dynamo_spec.engine.host import apply_cpu_preload, cpu_preload_libraries, detect_host, resolve_dtype
+from dynamo_spec.engine.host import detect_host, resolve_dtype
+from dynamo_spec.engine.process_env import prepare_engine_processes
 
 logger = logging.getLogger("dynamo_spec.engine.async_llm")
 
@@ -30,7 +29,8 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     """
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    default_cpu_thread_binding(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size)
+    prepare_engine_processes(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size,
+                             cpu_preload=settings.engine.cpu_preload)
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
@@ -38,17 +38,6 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     applied, why_schedule = schedule.for_engine(settings, dtype)
     if why_schedule and settings.speculative.enabled:
         logger.info("%s: %s (%s)", schedule.FIELD, schedule.as_lists(applied), why_schedule)
-    if host.on_cpu and settings.engine.cpu_preload:
-        wanted = cpu_preload_libraries()
-        added = apply_cpu_preload(os.environ, wanted)
-        if added:
-            logger.info("LD_PRELOAD for the engine's processes: %s (engine.cpu_preload)", ":".join(added))
-        if set(wanted) - set(added):
-            logger.info("engine.cpu_preload: kept what LD_PRELOAD already has (%s) instead of %s",
-                        os.environ.get("LD_PRELOAD", ""), ":".join(sorted(set(wanted) - set(added))))
-    # Engine processes are started from the loading thread: spawn them (vLLM's CPU
-    # platform forces spawn anyway; on GPU, forking beside a running event loop is unsafe).
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     engine_args = build_engine_args(settings)
     engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args, stat_loggers=list(stat_loggers) or None)
     try:

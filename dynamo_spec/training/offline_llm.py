@@ -7,34 +7,11 @@ core down fully on exit, before the next one starts.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 from pathlib import Path
 
 from ..config.settings import EngineSettings, Settings
 from ..engine.args import engine_kwargs
-
-
-@contextlib.contextmanager
-def isolated_vllm_dirs():
-    """Point vLLM's caches, config and sockets into a temp folder, then restore."""
-    names = {"VLLM_CACHE_ROOT": "cache", "VLLM_CONFIG_ROOT": "config",
-             "VLLM_RPC_BASE_PATH": "rpc", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
-    saved = {k: os.environ.get(k) for k in [*names, "HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS"]}
-    with tempfile.TemporaryDirectory(prefix="dynamo-spec-vllm-") as tmp:
-        for var, sub in names.items():
-            (Path(tmp) / sub).mkdir()
-            os.environ[var] = str(Path(tmp) / sub)
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        os.environ["VLLM_NO_USAGE_STATS"] = "1"
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+from ..engine.process_env import prepare_engine_processes, temporary_vllm_dirs
 
 
 @contextlib.contextmanager
@@ -56,12 +33,10 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
         speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k} if draft is not None
         else {"enabled": False},
     )
-    with isolated_vllm_dirs():
+    with temporary_vllm_dirs():
         from vllm import LLM
 
-        from ..engine.cpu_threads import default_cpu_thread_binding
-
-        default_cpu_thread_binding()
+        prepare_engine_processes(cpu_preload=settings.engine.cpu_preload)
         llm = LLM(**engine_kwargs(settings))
         try:
             yield llm

@@ -64,7 +64,7 @@ def test_cpu_default_config_resolves_per_host(repo_root):
 
 
 def test_cpu_preload_finds_intel_openmp_in_the_environment(tmp_path):
-    from dynamo_spec.engine.host import cpu_preload_libraries
+    from dynamo_spec.engine.process_env import cpu_preload_libraries
 
     (tmp_path / "lib").mkdir()
     assert str(tmp_path / "lib" / "libiomp5.so") not in cpu_preload_libraries(str(tmp_path))
@@ -73,7 +73,7 @@ def test_cpu_preload_finds_intel_openmp_in_the_environment(tmp_path):
 
 
 def test_cpu_preload_prepends_what_is_missing_and_keeps_the_users():
-    from dynamo_spec.engine.host import apply_cpu_preload
+    from dynamo_spec.engine.process_env import apply_cpu_preload
 
     env: dict[str, str] = {}
     assert apply_cpu_preload(env, ["/v/lib/libiomp5.so", "/usr/lib/libtcmalloc_minimal.so.4"]) == [

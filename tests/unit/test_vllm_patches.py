@@ -1,0 +1,256 @@
+"""The patches of vLLM (dynamo_spec/vllm_patches/): each was written for the upstream signatures it
+declares, and applies only on the vLLM versions it was checked on.
+
+No engine: the patched classes are imported, patched and restored in this process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from dynamo_spec import vllm_patches  # noqa: E402
+from dynamo_spec.vllm_patches import (  # noqa: E402
+    _upstream,
+    compile_cache,
+    cpu_expand_kernel,
+    zen_platform,
+    zero_draft_steps,
+)
+
+UNCHECKED = "0.99.0+cpu"
+LOGGER = "vllm.dynamo_spec_plugin"
+# The methods zero_draft_steps wraps, as its apply() names them.
+ZERO_DRAFT_WRAPPED = ("vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
+                      "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids",
+                      "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+                      "vllm.v1.engine.core:EngineCore.post_step")
+
+
+def patch_module(name: str) -> Any:
+    return importlib.import_module(f"dynamo_spec.vllm_patches.{name}")
+
+
+def upstream(qualified: str) -> Any:
+    """The upstream object ``qualified`` names, as vLLM (or torch) shipped it: where one of the
+    patches has replaced it in this process, the original it saved."""
+    obj = _upstream.resolve(qualified)
+    if obj is cpu_expand_kernel.expand_kernel_impl:
+        obj = cpu_expand_kernel._original_expand_impl
+    if getattr(obj, compile_cache._WRAPPED_ATTR, False):
+        obj = compile_cache._original_deserialize
+    while getattr(obj, zero_draft_steps._PATCHED_ATTR, False):
+        obj = obj.__wrapped__
+    return obj
+
+
+# --------------------------------------------------------------------------- upstream signatures
+
+
+@pytest.mark.parametrize("patch", vllm_patches.PATCHES)
+def test_the_upstream_functions_keep_the_signatures_the_patch_was_written_for(patch: str) -> None:
+    """A changed signature means upstream changed what the patch replaces or calls: check the
+    patch against the new code, then update UPSTREAM_SIGNATURES (and CHECKED_ON)."""
+    module = patch_module(patch)
+    assert module.UPSTREAM_SIGNATURES
+    changed = {}
+    for qualified, expected in module.UPSTREAM_SIGNATURES.items():
+        try:
+            found = _upstream.bare_signature(upstream(qualified))
+        except (ImportError, AttributeError) as e:
+            found = f"gone: {e!r}"
+        if found != expected:
+            changed[qualified] = {"expected": expected, "installed vLLM": found}
+    assert not changed, f"{patch}: upstream changed: {changed}"
+
+
+@pytest.mark.parametrize("patch", vllm_patches.PATCHES)
+def test_the_installed_vllm_is_one_the_patch_was_checked_on(patch: str) -> None:
+    """Otherwise every patch is inactive here (the guard): the fixes they carry are gone."""
+    module = patch_module(patch)
+    assert _upstream.release(_upstream.vllm_version()) in module.CHECKED_ON, (
+        f"{patch} was checked on vLLM {module.CHECKED_ON}, this is {_upstream.vllm_version()}: "
+        "check it against this vLLM, then add the version to its CHECKED_ON")
+
+
+def test_bare_signature_keeps_names_kinds_and_defaults_only() -> None:
+    def f(self, a: int, b: str = "x", *args: Any, c: float = 1.0, **kwargs: Any) -> None: ...
+
+    assert _upstream.bare_signature(f) == "(self, a, b='x', *args, c=1.0, **kwargs)"
+
+
+# --------------------------------------------------------------------------- the version guard
+
+
+@pytest.fixture
+def running(monkeypatch: pytest.MonkeyPatch):
+    """Sets the version the running vLLM reports (vllm.version.__version__)."""
+    import vllm.version
+
+    monkeypatch.delenv(_upstream.FORCE_ENV, raising=False)
+    monkeypatch.delenv(vllm_patches.ZERO_DRAFT_STEPS_ENV, raising=False)
+    # vLLM's logging config stops its records at the "vllm" logger; caplog listens at the root.
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
+
+    def set_version(version: str) -> None:
+        monkeypatch.setattr(vllm.version, "__version__", version)
+
+    return set_version
+
+
+def inactive_lines(caplog: pytest.LogCaptureFixture, module: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == LOGGER and module in r.getMessage() and "inactive" in r.getMessage()]
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
+def test_a_checked_release_applies_with_or_without_a_local_suffix(running, caplog, version) -> None:
+    running(version)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert _upstream.checked("some_patch", ("0.32.0",))
+    assert not caplog.records
+
+
+def test_an_unchecked_version_is_refused_in_one_line(running, caplog) -> None:
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert not _upstream.checked("some_patch", ("0.32.0", "0.32.1"))
+    assert len(caplog.records) == 1
+    line = caplog.records[0].getMessage()
+    assert "some_patch inactive" in line and UNCHECKED in line and "0.32.0, 0.32.1" in line
+    assert _upstream.FORCE_ENV in line
+
+
+def test_the_force_variable_applies_on_an_unchecked_version_and_says_so(running, caplog, monkeypatch) -> None:
+    running(UNCHECKED)
+    monkeypatch.setenv(_upstream.FORCE_ENV, "1")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert _upstream.checked("some_patch", ("0.32.0",))
+    assert len(caplog.records) == 1 and "applied on vLLM 0.99.0+cpu" in caplog.records[0].getMessage()
+
+
+@pytest.fixture
+def upstream_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Everything the patches change, put back to what vLLM and torch shipped for the test and
+    restored after it, so a test can apply the patches here. Returns the upstream objects."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+    from torch._functorch._aot_autograd import aot_autograd_result
+    from vllm.utils import cpu_triton_utils
+
+    state: dict[str, Any] = {}
+    expand = upstream("vllm.utils.cpu_triton_utils:_expand_kernel_impl")
+    monkeypatch.setattr(cpu_triton_utils, "_expand_kernel_impl", expand)
+    monkeypatch.setattr(cpu_expand_kernel, "_original_expand_impl", None)
+    monkeypatch.setattr(cpu_expand_kernel, "_patched", False)
+    state["expand"] = expand
+
+    # finalize_loading: absent upstream (torch 2.11); removed again after the test either way.
+    monkeypatch.setattr(BundledAOTAutogradSerializableCallable, "finalize_loading", None, raising=False)
+    monkeypatch.delattr(BundledAOTAutogradSerializableCallable, "finalize_loading")
+    deserialize = upstream("torch._functorch._aot_autograd.aot_autograd_result:deserialize_bundled_cache_entry")
+    monkeypatch.setattr(aot_autograd_result, "deserialize_bundled_cache_entry", deserialize)
+    monkeypatch.setattr(compile_cache, "_original_deserialize", None)
+    state["deserialize"] = deserialize
+
+    for qualified in ZERO_DRAFT_WRAPPED:
+        owner, name = qualified.rsplit(".", 1)
+        original = upstream(qualified)
+        monkeypatch.setattr(_upstream.resolve(owner), name, original)
+        state[qualified] = original
+    return state
+
+
+def current(qualified: str) -> Any:
+    return _upstream.resolve(qualified)
+
+
+def test_unchecked_vllm_cpu_expand_kernel_is_not_replaced(running, caplog, upstream_state, monkeypatch) -> None:
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.triton_utils.dispatcher import _registry
+
+    running(UNCHECKED)
+    registered = _registry.get(cpu_expand_kernel.EXPAND_KERNEL)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert cpu_expand_kernel.apply_cpu_fixes() is False
+    assert current("vllm.utils.cpu_triton_utils:_expand_kernel_impl") is upstream_state["expand"]
+    assert _registry.get(cpu_expand_kernel.EXPAND_KERNEL) == registered
+    assert len(inactive_lines(caplog, cpu_expand_kernel.__name__)) == 1
+    assert len(caplog.records) == 1
+
+    if HAS_TRITON:
+        pytest.skip("with Triton the patch has nothing to replace")
+    # The same call on the checked version does replace it (the registry part aside: it is
+    # re-registered only where the overrides are active, which this test leaves alone).
+    running("0.32.0")
+    monkeypatch.setattr(cpu_expand_kernel, "_overrides_active", lambda: False)
+    assert cpu_expand_kernel.apply_cpu_fixes() is True
+    assert current("vllm.utils.cpu_triton_utils:_expand_kernel_impl") is cpu_expand_kernel.expand_kernel_impl
+
+
+def test_unchecked_vllm_compile_cache_changes_nothing(running, caplog, upstream_state) -> None:
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+    deserialize = "torch._functorch._aot_autograd.aot_autograd_result:deserialize_bundled_cache_entry"
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert compile_cache.apply() == []
+    assert not hasattr(BundledAOTAutogradSerializableCallable, "finalize_loading")
+    assert current(deserialize) is upstream_state["deserialize"]
+    assert len(inactive_lines(caplog, compile_cache.__name__)) == 1
+    assert len(caplog.records) == 1
+
+    running("0.32.0")
+    assert len(compile_cache.apply()) == 2
+    assert hasattr(BundledAOTAutogradSerializableCallable, "finalize_loading")
+    assert current(deserialize) is not upstream_state["deserialize"]
+
+
+def test_unchecked_vllm_zero_draft_steps_changes_nothing(running, caplog, upstream_state) -> None:
+    wrapped = ZERO_DRAFT_WRAPPED
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert zero_draft_steps.apply() == []
+    assert all(current(q) is upstream_state[q] for q in wrapped)
+    assert len(inactive_lines(caplog, zero_draft_steps.__name__)) == 1
+    assert len(caplog.records) == 1
+
+    running("0.32.0")
+    assert zero_draft_steps.apply() == [q.split(":")[1] for q in wrapped]
+    assert all(current(q) is not upstream_state[q] for q in wrapped)
+
+
+def test_unchecked_vllm_the_zen_platform_plugin_names_nothing(running, caplog, monkeypatch) -> None:
+    # As on an AMD CPU with zentorch, where the plugin names its platform on a checked vLLM.
+    monkeypatch.setattr(zen_platform, "choose", lambda *args, **kwargs: zen_platform.ZEN_PLATFORM)
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert zen_platform.platform_plugin() is None
+    assert len(inactive_lines(caplog, zen_platform.__name__)) == 1
+    assert len(caplog.records) == 1
+
+    running("0.32.0")
+    assert zen_platform.platform_plugin() == zen_platform.ZEN_PLATFORM
+
+
+def test_unchecked_vllm_the_general_plugin_registers_nothing_and_does_not_fail(running, caplog,
+                                                                               upstream_state) -> None:
+    """vLLM's entry point on an unchecked vLLM: one inactive line per patch, no error, nothing patched."""
+    from dynamo_spec.engine.host import on_cpu
+
+    on_cpu()  # resolve the platform first: its own log lines are not the plugin's
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        vllm_patches.register()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    expected = [zero_draft_steps] + ([cpu_expand_kernel, compile_cache] if on_cpu() else [])
+    assert all(len(inactive_lines(caplog, m.__name__)) == 1 for m in expected)
+    assert current("vllm.utils.cpu_triton_utils:_expand_kernel_impl") is upstream_state["expand"]
+    assert all(current(q) is upstream_state[q] for q in ZERO_DRAFT_WRAPPED)
