@@ -140,7 +140,7 @@ def interleave(config: Path, plan: dict[str, tuple[dict[str, str], list[str]]], 
             asyncio.run(warm_up(servers[label].url, model, items))
         for r in range(rounds):
             # one order every round, so each cell follows another server's (a server's first cell
-            # after another's ran 3-9 % slower on a 2-core VM; docs/bench-cpu-default.md, session 18)
+            # after another server's runs slower on a shared VM)
             got: dict[str, dict[int, float]] = {label: {} for label in plan}
             for c in concurrency:
                 for label in plan:

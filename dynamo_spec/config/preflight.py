@@ -357,7 +357,7 @@ def _check_memory(settings: Settings, target: Checkpoint | None, draft: Checkpoi
         what = f"one GPU's memory x gpu_memory_utilization {engine.gpu_memory_utilization}"
     if not available:
         return []
-    # Weights, KV cache, and ~1 GiB of runtime overhead (measured: ~2 GB RSS for a tiny model on CPU).
+    # Weights, KV cache, and ~1 GiB of runtime overhead (a tiny model's server takes ~2 GB RSS on CPU).
     estimate = need + kv + (1 << 30)
     if estimate > available:
         return [Problem("error", f"memory: weights {need / 2**30:.1f} GiB + KV cache {kv / 2**30:.1f} GiB + ~1 GiB runtime "

@@ -159,7 +159,7 @@ class EngineSettings(_Section):
     max_num_seqs: int | None = Field(None, ge=1, description="Maximum concurrent sequences.")
     cpu_preload: bool = Field(
         True, description="CPU only: LD_PRELOAD Intel OpenMP (PyPI intel-openmp) and tcmalloc (Debian "
-        "libtcmalloc-minimal4) into vLLM's engine processes where installed (faster; see docs/bench-cpu-default.md)."
+        "libtcmalloc-minimal4) into vLLM's engine processes where installed, as vLLM's CPU worker asks."
     )
     seed: int = 0
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(

@@ -2,12 +2,10 @@
 
 vLLM's CPU default (``VLLM_CPU_OMP_THREADS_BIND=auto``) reserves a core for the engine
 process and binds the model's OpenMP threads to the rest: on a 2-core machine the model
-then runs on one core. Measured here (2 cores, SmolLM2-135M, bf16, eager; see
-docs/measurements.md) binding both cores is faster for every case we serve: batch 1
-22.6 -> 29.6 tokens/s without speculation and 22.8 -> 31.7 with EAGLE-3 k=3; batch 8
-95 -> 140 and 47 -> 74. So on machines with at most ``SMALL`` usable cores, and only
-when the user has not set the variable, the binding covers every usable core.
-"""
+then runs on one core, and the reserved core mostly waits. Binding every core to the model
+is faster there, with and without speculation, at one request and at eight. So on machines
+with at most ``SMALL`` usable cores, and only when the user has not set the variable, the
+binding covers every usable core."""
 
 from __future__ import annotations
 

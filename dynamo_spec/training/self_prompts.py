@@ -31,7 +31,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("", ""),
     ("Which of the following", "\nExplain your reasoning, then give the answer."),
 )
-# Requests steered to what users send a chat model (the kinds issue 13 lists: explanations,
+# Requests steered to what users send a chat model (explanations,
 # how-tos, recipes, tips, poems and stories, writing help, comparisons), one free kind
 # among them so the mix keeps the target's own spread.
 INSTRUCTION_KINDS: tuple[tuple[str, str], ...] = (

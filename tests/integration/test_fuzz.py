@@ -3,8 +3,8 @@
 Every route, valid and invalid bodies (positive and negative generation), against a real
 server on the tiny models. Passes when no answer is >= 500 (503/429 from admission
 aside), nothing hangs, every /v1 error is in the OpenAI shape, and the server is healthy
-after. The suite runs a bounded number of examples per route and mode; the full run
-(recorded in docs/operations.md) sets DYNAMO_SPEC_FUZZ_EXAMPLES.
+after. The suite runs a bounded number of examples per route and mode; a full run sets
+DYNAMO_SPEC_FUZZ_EXAMPLES.
 """
 
 from __future__ import annotations

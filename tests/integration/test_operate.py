@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 API_KEY = "operate-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Not a one-token prompt: vLLM's CPU worker dies (SIGILL) on some one-token prompts with
-# the tiny fixtures' shapes on AMX hosts (not with SmolLM2); see docs/operations.md.
+# the tiny fixtures' shapes on AMX hosts (not with SmolLM2).
 PROMPT = "Tell me a long story about the sea and the ships on it."
 LIMITS = {"max_in_flight": 2, "max_body_bytes": 65536, "max_n": 4,
           "max_stop_sequences": 4, "max_top_logprobs": 5, "max_prompts": 4}
