@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "speculative-decoding.json"
+ALERTS_TEST = REPO / "deploy" / "prometheus" / "alerts_test.yml"
+COMPOSE = REPO / "deploy" / "docker-compose.yml"
 
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 

@@ -2,18 +2,13 @@
 
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 import yaml
 
-from tests.promql import ALERTS, DASHBOARD, PROMETHEUS_CONFIG, REPO, alert_rules, dashboard_queries
+from tests.promql import ALERTS, ALERTS_TEST, COMPOSE, DASHBOARD, PROMETHEUS_CONFIG, alert_rules, dashboard_queries
 
 pytestmark = pytest.mark.unit
-
-ALERTS_TEST = REPO / "deploy" / "prometheus" / "alerts_test.yml"
-COMPOSE = REPO / "deploy" / "docker-compose.yml"
 
 # The server's metric contract; histograms expose _bucket, _sum and _count.
 METRICS = {
@@ -77,40 +72,6 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
     names = re.findall(r"(?<![\w:.])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()", expr)
     return {name for name in names if name not in KEYWORDS}
-
-
-def promtool(*args: str) -> subprocess.CompletedProcess:
-    binary = shutil.which("promtool")
-    assert binary, "promtool not found: install the Debian package prometheus (tests/run.sh does)"
-    return subprocess.run([binary, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("check", "config", str(PROMETHEUS_CONFIG)),
-        ("check", "rules", str(ALERTS)),
-        ("test", "rules", str(ALERTS_TEST)),
-    ],
-    ids=["check-config", "check-rules", "test-rules"],
-)
-def test_promtool(args):
-    result = promtool(*args)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_compose_file_is_valid():
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        pytest.skip("docker-compose binary not installed (Debian package docker-compose)")
-    result = subprocess.run(
-        [binary, "-f", str(COMPOSE), "config", "-q"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_compose_mounts_prometheus_config_and_dashboards():

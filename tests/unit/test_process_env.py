@@ -4,6 +4,7 @@ the offline engines of the training tools, the launch script, the tests and the 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -30,7 +31,7 @@ def test_shell_exports_keep_what_is_set_and_quote_paths(tmp_path):
                          capture_output=True, text=True, env={**environ, "VLLM_CACHE_ROOT": "/mine"}).stdout
     assert "VLLM_CACHE_ROOT" not in out
     assert f"export VLLM_RPC_BASE_PATH='{root / 'rpc'}'" in out.splitlines()
-    shown = subprocess.run(["bash", "-c", f'{out}\necho "$TORCHINDUCTOR_CACHE_DIR"'], check=True, capture_output=True,
+    shown = subprocess.run([shutil.which("bash") or "/bin/bash", "-c", f'{out}\necho "$TORCHINDUCTOR_CACHE_DIR"'], check=True, capture_output=True,
                            text=True).stdout.strip()
     assert shown == str(root / "inductor")
 
