@@ -31,7 +31,8 @@ def test_shell_exports_keep_what_is_set_and_quote_paths(tmp_path):
                          capture_output=True, text=True, env={**environ, "VLLM_CACHE_ROOT": "/mine"}).stdout
     assert "VLLM_CACHE_ROOT" not in out
     assert f"export VLLM_RPC_BASE_PATH='{root / 'rpc'}'" in out.splitlines()
-    shown = subprocess.run([shutil.which("bash") or "/bin/bash", "-c", f'{out}\necho "$TORCHINDUCTOR_CACHE_DIR"'], check=True, capture_output=True,
+    bash = shutil.which("bash") or "/bin/bash"
+    shown = subprocess.run([bash, "-c", f'{out}\necho "$TORCHINDUCTOR_CACHE_DIR"'], check=True, capture_output=True,
                            text=True).stdout.strip()
     assert shown == str(root / "inductor")
 
