@@ -27,8 +27,8 @@ import yaml
 
 from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.prompts import load_sets, read_prompts, split
-from dynamo_spec.bench.report import percentiles
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from dynamo_spec.bench.summary import percentiles
 from dynamo_spec.config.loader import load_settings
 from dynamo_spec.engine.args import engine_kwargs
 from dynamo_spec.engine.host import detect_host

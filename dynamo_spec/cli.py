@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--cache-dir", default=".cache/models", help="where converted models are kept (default: %(default)s)")
     prepare.set_defaults(func=cmd_prepare_default)
 
-    from dynamo_spec.bench import run as bench
+    from dynamo_spec.bench import cli as bench
     from dynamo_spec.training import cli as training_cli
     from dynamo_spec.training import verify
 

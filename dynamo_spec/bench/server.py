@@ -102,3 +102,25 @@ class ManagedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def server_rss(server: ManagedServer) -> int:
+    """Resident memory of a server's processes (API server, EngineCore, workers), in bytes."""
+    import psutil
+
+    procs = [psutil.Process(server.proc.pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += proc.memory_info().rss
+    return total
+
+
+def servers_that_fit(per_server: int, wanted: int, reserve: int = 2 << 30) -> int:
+    """How many more servers of `per_server` bytes the free memory holds, keeping `reserve` free
+    (at most `wanted`; 0: not one)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return max(0, min(wanted, int((available - reserve) // (per_server * 1.15))))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from dynamo_spec.bench.run import read_spec_counters
+from dynamo_spec.bench.measure import read_spec_counters
 from support.server import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration

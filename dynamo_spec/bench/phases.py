@@ -1,0 +1,189 @@
+"""The two phases of a run, and the two ways of running them: side by side, or one server at a time.
+
+First phase (`Compared`): k=0, k=1.., k=0 in a speculative engine (speculation on, schedule
+k=0 at every batch size: what the schedule's k=0 ranges serve, and the k=0 a schedule's k > 0
+must beat), each on the derive and the judge prompts. Then the schedule derived from them
+(`Derived`). Second phase (`Judged`): that schedule, the config's own schedule where it has
+one for the engine's dtype (as the config serves it; not when the derived one is the same),
+and k=0 again (the run-to-run noise), on the judge prompts.
+
+On CPU the servers run side by side: a k=0 server up the whole run, the others in groups
+beside it taking turns cell by cell, each speed-up against the k=0 cell measured alongside
+(`side_by_side`). With --together 0 (GPU) one server at a time, k=0 first and last
+(`one_at_a_time`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from dynamo_spec.bench.choose import choose_k, schedule_from_choice
+from dynamo_spec.bench.result import Cells, Column, Compared, Derived, Judged, SideBySide, columns_json
+from dynamo_spec.bench.schedule_config import FILE as SCHEDULE_CONFIG
+from dynamo_spec.bench.schedule_config import write_schedule_config
+from dynamo_spec.bench.server import ManagedServer, server_rss, servers_that_fit
+from dynamo_spec.bench.speedups import BASELINE, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0
+from dynamo_spec.config import schedule as schedules
+
+if TYPE_CHECKING:
+    from dynamo_spec.bench.runner import Prompts, Runner
+
+Measured = tuple[Compared, Derived, Judged]
+Group = list[tuple[str, list[str]]]  # (column name, the server's overrides)
+K0 = ["--speculative.enabled", "false"]
+
+
+def overrides_for(k: int, schedule: list[list[int]] | None = None) -> list[str]:
+    """A server's overrides: no speculation at k=0, else k tokens and `schedule` (None: a fixed k)."""
+    if k == 0:
+        return list(K0)
+    return ["--speculative.enabled", "true", "--" + schedules.K_FIELD, str(k),
+            "--" + schedules.FIELD, json.dumps(schedule) if schedule else "null"]
+
+
+def schedule_overrides(schedule: list[list[int]]) -> list[str]:
+    top = schedules.top_k(schedule)
+    return overrides_for(top, schedule) if top else overrides_for(0)
+
+
+def first_phase(ks: tuple[int, ...], max_batch: int) -> Group:
+    """The first phase's columns besides k=0: each fixed k, then the speculative engine at k=0."""
+    group = [(f"k={k}", overrides_for(k)) for k in ks if k]
+    if max(ks) > 0:
+        group.append((SPEC_K0, overrides_for(max(ks), [[1, max_batch, 0]])))  # speculation on, never a draft
+    return group
+
+
+def derive(run: Runner, columns: Mapping[str, Column]) -> Derived:
+    """The schedule from the first phase's columns, written as a config beside the results."""
+    options = run.options
+    choice = choose_k(columns_json(columns), options.ks, options.concurrencies, options.margin)
+    schedule = schedule_from_choice(choice, run.plan.max_batch)
+    config_file = write_schedule_config(options.config, schedule, options.out / SCHEDULE_CONFIG, run.plan.dtype)
+    return Derived(choice=choice, schedule=schedule, margin=options.margin, config_file=str(config_file))
+
+
+def second_phase(run: Runner, derived: Derived) -> Group:
+    """The second phase's columns but the repeat: the derived schedule, then the config's own (as it
+    serves, no override) where it has one that the derived one is not."""
+    group = [(SCHEDULE, schedule_overrides(derived.schedule))]
+    if run.plan.configured is not None and run.plan.configured != derived.schedule:
+        group.append((CONFIGURED, []))
+    return group
+
+
+# --- one server at a time ----------------------------------------------------------
+
+
+async def one_at_a_time(run: Runner) -> Measured:
+    """One server at a time: k=0, the others, the schedule, the config's own, k=0 again (the noise)."""
+    first = [(BASELINE, overrides_for(0)), *first_phase(run.options.ks, run.plan.max_batch)]
+    run.grow(run.requests(len(first)) + run.requests(2, splits=1))
+    compared = Compared(await _each_alone(run, first, run.splits, {}))
+    derived = derive(run, compared.columns)
+    second = second_phase(run, derived)
+    run.grow(run.requests(len(second) - 1, splits=1))
+    columns = await _each_alone(run, [*second, (REPEAT, overrides_for(0))], run.judge_split, compared.columns)
+    return compared, derived, Judged(columns)
+
+
+async def _each_alone(run: Runner, group: Group, splits: dict[str, Prompts],
+                      done: Mapping[str, Column]) -> dict[str, Column]:
+    """`group`'s servers one after another, each alone; bench.json saved after each (with `done`)."""
+    columns: dict[str, Column] = {}
+    for name, overrides in group:
+        run.bar.set_description(f"start {name}")
+        with run.server(name, overrides) as server:
+            await run.warm_up(server)
+            cells = await run.take_turns([(name, server)], splits)
+        columns[name] = Column(overrides, server.ready_after, cells[name])
+        run.checkpoint({**done, **columns})
+    return columns
+
+
+# --- side by side ------------------------------------------------------------------
+
+
+async def side_by_side(run: Runner, together: int | None) -> Measured | None:
+    """A k=0 server up the whole run; the other columns in groups of `together` servers beside
+    it, taking turns cell by cell in a fixed order, each group's speed-ups against the k=0 cells
+    measured with it; the schedule last, beside the k=0 server and a second one (the noise).
+    None, having measured nothing, if `together` is None and free memory holds no second server.
+    """
+    others = first_phase(run.options.ks, run.plan.max_batch)
+    with run.server(BASELINE, overrides_for(0)) as reference:
+        await run.warm_up(reference)
+        rss = server_rss(reference)
+        together = together or servers_that_fit(rss, len(others))
+        if not together:
+            tqdm.write(f"bench: free memory holds no second server of {rss / 2**30:.1f} GiB: one server at a time")
+            return None
+        groups = [others[i:i + together] for i in range(0, len(others), together)]
+        layout = SideBySide(together=together, groups=[[n for n, _ in g] for g in groups],
+                            reference_rss_gib=round(rss / 2**30, 2))
+        configured = run.plan.configured
+        tqdm.write(f"bench: a k=0 server ({rss / 2**30:.1f} GiB) up the whole run; beside it "
+                   f"{' then '.join('+'.join(n for n, _ in g) for g in groups)}, then the schedule"
+                   + (f" and the config's own {configured} (if not the same)" if configured else ""))
+        run.grow(run.requests(len(others) + len(groups)) + run.requests(3, splits=1))
+        columns: dict[str, Column] = {}
+        for g, group in enumerate(groups):
+            with contextlib.ExitStack() as stack:
+                servers = await run.start(stack, group)
+                columns |= await _beside(run, reference, BASELINE, servers, group, run.splits, columns, layout,
+                                         baseline=reference if g == 0 else None)
+        compared = Compared(columns, layout)
+        derived = derive(run, compared.columns)
+        judged = await _judge_beside(run, reference, rss, derived, compared)
+    return compared, derived, judged
+
+
+async def _judge_beside(run: Runner, reference: ManagedServer, rss: int, derived: Derived,
+                        compared: Compared) -> Judged:
+    """The second phase beside the k=0 server: its cells just before the schedule's are the reference.
+
+    Beside the derived schedule: the config's own, as it serves (no override), and the repeat, a
+    second k=0 server, so that every cell follows another server's (a server's first cell after
+    another's runs a few per cent slower on a 2-core VM), as far as free memory holds them (the
+    derived schedule's server always starts)."""
+    second = second_phase(run, derived)
+    extras = [*second[1:], (REPEAT, overrides_for(0))]
+    room = max(0, servers_that_fit(rss, len(extras) + 1) - 1)
+    group = [second[0], *extras[:room]]
+    if len(second) > 1 and room == 0:
+        tqdm.write(f"bench: free memory holds no server for {CONFIGURED}: not measured")
+    if any(name == CONFIGURED for name, _ in group):
+        run.grow(run.requests(1, splits=1))
+    with contextlib.ExitStack() as stack:
+        servers = await run.start(stack, group)
+        if REPEAT not in servers:  # no room for it: the k=0 server again, before its own next cell
+            group.append((REPEAT, overrides_for(0)))
+            servers[REPEAT] = reference
+        columns = await _beside(run, reference, "before", servers, group, run.judge_split, compared.columns,
+                                compared.side_by_side)
+    repeat = "k=0 server" if servers[REPEAT] is reference else "second k=0 server"
+    return Judged(columns, repeat=repeat, final=[name for name, _ in group])
+
+
+async def _beside(run: Runner, reference: ManagedServer, reference_name: str, servers: dict[str, ManagedServer],
+                  group: Group, splits: dict[str, Prompts], done: Mapping[str, Column], layout: SideBySide | None,
+                  baseline: ManagedServer | None = None) -> dict[str, Column]:
+    """`group`'s servers taking turns with the k=0 `reference` (its turn first, as `reference_name`):
+    their columns, bench.json saved (with `done`) as the cells come."""
+    def as_columns(cells: dict[str, Cells]) -> dict[str, Column]:
+        """The k=0 cells taken alongside are each column's reference; with `baseline` they are the k=0 column too."""
+        ref = cells[reference_name]
+        out = {BASELINE: Column(overrides_for(0), baseline.ready_after, ref)} if baseline is not None else {}
+        for name, overrides in group:
+            out[name] = Column(overrides, servers[name].ready_after, cells[name], reference=ref)
+        return out
+
+    turns = [(reference_name, reference), *servers.items()]
+    cells = await run.take_turns(turns, splits, on_cells=lambda cells: run.checkpoint({**done, **as_columns(cells)},
+                                                                                       layout))
+    return as_columns(cells)
