@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -195,51 +196,27 @@ class DynamoSpecMetrics:
         for i in range(num_speculative_tokens):
             self.accepted_per_position.labels(model, str(i))
 
-        # Per finished request. PromQL (median): histogram_quantile(0.5, sum by (le) (rate(..._bucket[5m])))
-        self.request_acceptance_length = Histogram(
-            "dynamo_spec_request_acceptance_length",
+        # Per finished request, labelled by tenant.
+        # PromQL (median): histogram_quantile(0.5, sum by (le) (rate(..._bucket[5m])))
+        def per_request(kind, name: str, documentation: str, **kwargs: Any):
+            return kind(name, documentation, ["model", "tenant"], registry=registry, **kwargs)
+
+        self.request_acceptance_length = per_request(
+            Histogram, "dynamo_spec_request_acceptance_length",
             "Mean acceptance length of each finished request (1 = nothing accepted, k+1 = everything).",
-            ["model", "tenant"],
-            buckets=ACCEPTANCE_LENGTH_BUCKETS,
-            registry=registry,
-        )
-        self.request_acceptance_rate = Histogram(
-            "dynamo_spec_request_acceptance_rate",
-            "Draft acceptance rate of each finished request.",
-            ["model", "tenant"],
-            buckets=ACCEPTANCE_RATE_BUCKETS,
-            registry=registry,
-        )
-        self.prompt_tokens = Counter(
-            "dynamo_spec_request_prompt_tokens", "Prompt tokens of finished requests.", ["model", "tenant"], registry=registry
-        )
-        self.completion_tokens = Counter(
-            "dynamo_spec_request_completion_tokens",
-            "Generated tokens of finished requests.",
-            ["model", "tenant"],
-            registry=registry,
-        )
-        self.ttft = Histogram(
-            "dynamo_spec_time_to_first_token_seconds",
-            "Time from request arrival to its first generated token.",
-            ["model", "tenant"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.itl = Histogram(
-            "dynamo_spec_inter_token_latency_seconds",
-            "Mean time between generated tokens of each request, after the first.",
-            ["model", "tenant"],
-            buckets=ITL_BUCKETS,
-            registry=registry,
-        )
-        self.e2e = Histogram(
-            "dynamo_spec_e2e_request_latency_seconds",
-            "Time from request arrival to its last token.",
-            ["model", "tenant"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
+            buckets=ACCEPTANCE_LENGTH_BUCKETS)
+        self.request_acceptance_rate = per_request(
+            Histogram, "dynamo_spec_request_acceptance_rate", "Draft acceptance rate of each finished request.",
+            buckets=ACCEPTANCE_RATE_BUCKETS)
+        self.prompt_tokens = per_request(Counter, "dynamo_spec_request_prompt_tokens", "Prompt tokens of finished requests.")
+        self.completion_tokens = per_request(
+            Counter, "dynamo_spec_request_completion_tokens", "Generated tokens of finished requests.")
+        self.ttft = per_request(Histogram, "dynamo_spec_time_to_first_token_seconds",
+                                "Time from request arrival to its first generated token.", buckets=LATENCY_BUCKETS)
+        self.itl = per_request(Histogram, "dynamo_spec_inter_token_latency_seconds",
+                               "Mean time between generated tokens of each request, after the first.", buckets=ITL_BUCKETS)
+        self.e2e = per_request(Histogram, "dynamo_spec_e2e_request_latency_seconds",
+                               "Time from request arrival to its last token.", buckets=LATENCY_BUCKETS)
         # Series exist from the start (at 0), so rate() sees the first requests too.
         for family in (self.prompt_tokens, self.completion_tokens, self.request_acceptance_length,
                        self.request_acceptance_rate, self.ttft, self.itl, self.e2e):

@@ -5,12 +5,13 @@ One engine per (target, draft) pair, started once per module (~15 s each on CPU)
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.engine import generate_one_by_one
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,6 @@ def generate(target: Path, draft: Path | None) -> list[Any]:
     """Greedy-generate PROMPTS one by one in a fresh engine; final RequestOutputs."""
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     spec = (
         {"method": "eagle3", "model": str(draft), "num_speculative_tokens": K}
@@ -66,22 +66,7 @@ def generate(target: Path, draft: Path | None) -> list[Any]:
         seed=0,
     )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-
-    async def run() -> list[Any]:
-        engine = AsyncLLM.from_engine_args(args)
-        try:
-            finals = []
-            for i, prompt in enumerate(PROMPTS):
-                final = None
-                async for out in engine.generate(prompt, params, request_id=f"req-{i}"):
-                    final = out
-                assert final is not None and final.finished
-                finals.append(final)
-            return finals
-        finally:
-            engine.shutdown()
-
-    return asyncio.run(run())
+    return generate_one_by_one(args, PROMPTS, params)
 
 
 def spec_metrics(outputs: list[Any]) -> list[dict[str, Any]]:

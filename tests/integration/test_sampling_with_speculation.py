@@ -5,12 +5,12 @@ The kernel-level tests of the fix are in tests/unit/test_cpu_rejection_sampler.p
 
 from __future__ import annotations
 
-import asyncio
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from support.engine import generate_one_by_one
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,6 @@ def test_engine_low_temperature_sampling_with_eagle3_follows_target(
     """
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     args = AsyncEngineArgs(
         model=str(tiny_models["target"]),
@@ -59,21 +58,8 @@ def test_engine_low_temperature_sampling_with_eagle3_follows_target(
     )
     prompts = ["What is the capital of France?", "Write a poem about the sea."]
 
-    async def run() -> list[Any]:
-        engine = AsyncLLM.from_engine_args(args)
-        try:
-            finals = []
-            for i, prompt in enumerate(prompts):
-                final = None
-                async for out in engine.generate(prompt, params, request_id=f"r{i}"):
-                    final = out
-                finals.append(final)
-            return finals
-        finally:
-            engine.shutdown()
-
     ranks = []
-    for final in asyncio.run(run()):
+    for final in generate_one_by_one(args, prompts, params):
         comp = final.outputs[0]
         for tok, lp in zip(comp.token_ids, comp.logprobs):
             ranks.append(lp[tok].rank)
