@@ -6,9 +6,9 @@ the cache in ``$DYNAMO_SPEC_CACHE`` (default ``<repo>/.cache``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,15 +28,9 @@ def cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def vllm_env():
     """Keep vLLM's caches, config and sockets out of the home folder, and offline."""
-    with tempfile.TemporaryDirectory(prefix="dynamo-spec-vllm-") as tmp, \
-            pytest.MonkeyPatch.context() as mp:
-        for var, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_CONFIG_ROOT", "config"),
-                         ("VLLM_RPC_BASE_PATH", "rpc"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
-            path = Path(tmp) / sub
-            path.mkdir()
-            mp.setenv(var, str(path))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("VLLM_NO_USAGE_STATS", "1")
+    from dynamo_spec.engine.process_env import temporary_vllm_dirs
+
+    with temporary_vllm_dirs(offline=True):
         yield
 
 
@@ -56,7 +50,8 @@ def _prompt_ids(model_dir: Path) -> list[int]:
                                    return_dict=False)
 
 
-def _transformers_greedy(model_dir: Path, ids: list[int]) -> list[int]:
+@functools.cache
+def _transformers_greedy(model_dir: Path, ids: tuple[int, ...]) -> list[int]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -97,7 +92,7 @@ def test_converted_checkpoint_layout(default_model: Path):
 
 def test_vllm_matches_transformers_greedy(default_model: Path, vllm_env):
     ids = _prompt_ids(default_model)
-    expected = _transformers_greedy(default_model, ids)
+    expected = _transformers_greedy(default_model, tuple(ids))
     tokens, text = _vllm_greedy(default_model, ids, dtype="float32")
     assert tokens == expected, f"vLLM {tokens} != transformers {expected}"
     assert "Paris" in text
@@ -127,7 +122,7 @@ def test_untrained_draft_is_lossless_in_fp32(default_model: Path, vllm_env, tmp_
     spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
     ids = _prompt_ids(default_model)
     tokens, text = _vllm_greedy(default_model, ids, "float32", spec)
-    assert tokens == _transformers_greedy(default_model, ids)
+    assert tokens == _transformers_greedy(default_model, tuple(ids))
     assert "Paris" in text
 
 
