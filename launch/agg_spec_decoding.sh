@@ -40,25 +40,65 @@ read -r host port grace name < <("$python" -m dynamo_spec config --config "$conf
   "$python" -c 'import json,sys; v={r["field"]: r["value"] for r in json.load(sys.stdin)}; print(v["server.host"], v["server.port"], int(v["server.shutdown_grace_seconds"]), v["server.served_model_name"] or v["engine.model"])')
 [ "$host" = 0.0.0.0 ] && host=localhost
 
-set -m  # the server gets its own process group: we can stop all of it
+set -m  # the server gets its own process group (Ctrl-C in a terminal reaches only this script)
 "$python" -m dynamo_spec serve --config "$config" --skip-preflight "$@" &
 server=$!
-# Live (not zombie) members of the server's process group.
-group_alive() { ps -eo pgid=,stat=,comm= | awk -v g="$server" '$1 == g && $2 !~ /^Z/ {print $3}'; }
 
+# What the server started, tracked until it is gone: its descendants and its process group,
+# also those that leave the group or the session, or whose parent exits (they stay tracked
+# once seen). A process is known as pid@start-time: a pid is reused once its process is gone.
+server_key="$server@$(LC_ALL=C ps -o lstart= -p "$server" | tr -d ' ' || true)"
+tracked=""
+track() {
+  local now
+  if now=$(LC_ALL=C ps -eo pid=,ppid=,pgid=,lstart= | awk -v server="$server_key" -v tracked="$tracked" '
+    { key[NR] = $1 "@" $4 $5 $6 $7 $8; pid[NR] = $1; ppid[NR] = $2; pgid[NR] = $3 }
+    END {
+      known[server] = 1; n = split(tracked, t); for (i = 1; i <= n; i++) known[t[i]] = 1
+      for (i = 1; i <= NR; i++) if (key[i] in known) live[pid[i]] = 1
+      split(server, s, "@"); group = (s[1] in live) ? s[1] : ""  # while the server exists
+      do {
+        more = 0
+        for (i = 1; i <= NR; i++)
+          if (!(key[i] in known) && (ppid[i] in live || pgid[i] == group)) {
+            known[key[i]] = 1; live[pid[i]] = 1; more = 1
+          }
+      } while (more)
+      for (i = 1; i <= NR; i++) if (key[i] in known) printf "%s ", key[i]
+    }'); then tracked=$now; fi
+}
+# The tracked processes still there, as "pid name" lines; `left running`: those not ended yet
+# (a zombie has ended; only its parent, init for an orphan, can remove it).
+left() {
+  LC_ALL=C ps -eo pid=,stat=,lstart=,comm= | awk -v tracked="$tracked" -v running="${1:-}" '
+    BEGIN { n = split(tracked, t); for (i = 1; i <= n; i++) known[t[i]] = 1 }
+    ($1 "@" $3 $4 $5 $6 $7) in known && !(running && $2 ~ /^Z/) { print $1, $8 }'
+}
+# Sleep, but let a signal cut it short (its trap then runs at once).
+nap() { sleep "$1" & napping=$!; wait "$napping"; napping=""; }
+napping=""
+
+# Returns only when all the server started is gone.
 stop() {
   trap - INT TERM EXIT
+  if [ -n "$napping" ]; then kill "$napping" 2>/dev/null; wait "$napping" 2>/dev/null || true; fi
+  track
   if kill -0 "$server" 2>/dev/null; then
     echo ">>> Stopping the server" >&2
     kill -TERM "$server" 2>/dev/null || true  # it drains, shuts its engine down, then exits
-    for _ in $(seq 1 $((grace + 30))); do kill -0 "$server" 2>/dev/null || break; sleep 1; done
+    for _ in $(seq 1 $((grace + 30))); do kill -0 "$server" 2>/dev/null || break; sleep 1; track; done
   fi
-  for _ in $(seq 1 10); do [ -z "$(group_alive)" ] && break; sleep 0.5; done  # helpers exiting
-  if [ -n "$(group_alive)" ]; then
-    echo ">>> Killing what is left of the server's process group: $(group_alive | tr '\n' ' ')" >&2
-    kill -KILL -- "-$server" 2>/dev/null || true
+  for _ in $(seq 1 10); do track; [ -z "$(left running)" ] && break; sleep 0.5; done  # helpers exiting
+  if [ -n "$(left running)" ]; then
+    echo ">>> Killing what is left of the server: $(left running | tr '\n' ' ')" >&2
+    for _ in $(seq 1 20); do  # until none runs (also one started meanwhile)
+      kill -KILL $(left running | cut -d' ' -f1) 2>/dev/null || true
+      sleep 0.5; track; [ -z "$(left running)" ] && break
+    done
+    [ -z "$(left running)" ] || echo ">>> Still running after SIGKILL: $(left running | tr '\n' ' ')" >&2
   fi
   wait "$server" 2>/dev/null || true
+  for _ in $(seq 1 10); do [ -z "$(left)" ] && break; sleep 0.5; done  # orphans' zombies: init removes them
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
@@ -71,7 +111,8 @@ until curl -sf "$url/health" >/dev/null 2>&1; do
     echo ">>> The server exited with status $status before it was ready" >&2
     exit "$status"
   fi
-  sleep 1 & wait $!
+  track
+  nap 1
 done
 
 cat >&2 <<MSG
@@ -81,5 +122,6 @@ cat >&2 <<MSG
 curl $url/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "$name", "messages": [{"role": "user", "content": "Write a poem about why Sakura trees are beautiful."}], "max_tokens": 250}'
 
 MSG
+while kill -0 "$server" 2>/dev/null; do track; nap 2; done  # notes what it starts meanwhile
 wait "$server" && status=0 || status=$?
 exit "$status"

@@ -174,4 +174,22 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run(settings: Settings) -> int:
-    return asyncio.run(serve(settings))
+    try:
+        return asyncio.run(serve(settings))
+    finally:
+        reap_resource_tracker()
+
+
+def reap_resource_tracker(timeout: float = 10.0) -> None:
+    """Stop multiprocessing's resource tracker and wait for it to exit.
+
+    Starting the engine's processes starts it, as a child of this process; it exits once every
+    holder of its pipe (this process, the engine's processes) has closed it. Python 3.11 never
+    waits for it (python/cpython#88887; later Pythons do, at exit), so it outlived the server:
+    an orphan, left for init to remove.
+    """
+    from multiprocessing import resource_tracker
+
+    stopper = threading.Thread(target=resource_tracker._resource_tracker._stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout)  # an engine process still holding the pipe must not hang the exit
