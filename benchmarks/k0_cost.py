@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.runtime_options import alternate
+from dynamo_spec.config import schedule as schedules
 from dynamo_spec.config.loader import load_settings
 from dynamo_spec.config.preflight import effective_max_num_seqs
 from dynamo_spec.engine.host import on_cpu
@@ -37,9 +38,9 @@ def main() -> None:
     never = f"[[1,{max_batch},0]]"
     servers = {
         "plain": ({}, ["--speculative.enabled", "false"]),
-        "k0": ({}, ["--speculative.num_speculative_tokens_per_batch_size", never]),
+        "k0": ({}, ["--" + schedules.FIELD, never]),
         "k0-vllm": ({ZERO_DRAFT_STEPS_ENV: "0"},
-                    ["--speculative.num_speculative_tokens_per_batch_size", never]),
+                    ["--" + schedules.FIELD, never]),
     }
     cs = [int(c) for c in args.concurrency.split(",")]
     results = alternate(args.config, servers, cs, args.rounds, args.max_tokens, args.out)

@@ -76,7 +76,7 @@ def variants(config: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
     schedule, _ = schedules.for_engine(settings, resolve_dtype(settings.engine.dtype, detect_host())[0])
     if schedule and (top := schedules.top_k(schedule)):
         out["nst-max"] = ({}, ["--speculative.num_speculative_tokens", str(top),
-                               "--speculative.num_speculative_tokens_per_batch_size",
+                               "--" + schedules.FIELD,
                                json.dumps(schedules.as_lists(schedule))])
     # Greedy drafts by the full-vocabulary scatter + argmax (vLLM's default) instead of the
     # draft-vocabulary argmax the CPU config sets.
@@ -177,7 +177,7 @@ def main() -> None:
         name, _, text = item.partition("=")
         entries = json.loads(text)
         known[f"sched-{name}"] = ({}, ["--speculative.num_speculative_tokens", str(max(k for _, _, k in entries)),
-                                       "--speculative.num_speculative_tokens_per_batch_size", json.dumps(entries)])
+                                       "--" + schedules.FIELD, json.dumps(entries)])
     for item in args.draft:
         name, _, path = item.partition("=")
         if not Path(path).is_dir():
@@ -199,7 +199,7 @@ def main() -> None:
         env, overrides = known[name]
         spec = ([] if k == "config" else ["--speculative.enabled", "false"] if int(k) == 0 else
                 ["--speculative.num_speculative_tokens", k,
-                 "--speculative.num_speculative_tokens_per_batch_size", "null"])  # a fixed k
+                 "--" + schedules.FIELD, "null"])  # a fixed k
         plan[f"{name}-k{k}"] = (env, [*overrides, *spec])
     results = (interleave if args.interleave else alternate)(args.config, plan, cs, args.rounds, args.max_tokens,
                                                              args.out)
