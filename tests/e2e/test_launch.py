@@ -105,6 +105,16 @@ def kill(spawned: list[psutil.Process]) -> None:
             proc.kill()
 
 
+def sigterm_and_collect(proc: subprocess.Popen, watch: Watch, timeout: float = 120) -> tuple[int, list, list[str]]:
+    """SIGTERM the launch script; (its exit status, what it started, what of that is left)."""
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=timeout)
+    spawned = watch.stop()
+    left = left_behind(spawned)
+    kill(spawned)
+    return code, spawned, left
+
+
 @pytest.fixture
 def tiny_yaml(tiny_models, tmp_path) -> Path:
     path = tmp_path / "tiny.yaml"
@@ -157,11 +167,7 @@ def test_compiled_launch_sigterm_leaves_no_process(repo_root, tiny_models, tmp_p
             "model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16})
         assert answer.status_code == 200, answer.text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=120)
-        spawned = watch.stop()
-    left = left_behind(spawned)
-    kill(spawned)
+        code, spawned, left = sigterm_and_collect(proc, watch)
     assert code == 143
     assert len(spawned) >= 3  # serve + EngineCore + worker
     assert left == [], log.read_text()[-3000:]
@@ -213,11 +219,7 @@ exec {sys.executable} "$@"
             time.sleep(0.2)
         assert outside() == ["sleep", "sleep"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=120)
-        spawned = watch.stop()
-    left = left_behind(spawned)
-    kill(spawned)
+        code, spawned, left = sigterm_and_collect(proc, watch)
     assert code == 143
     assert left == [], log.read_text()[-3000:]
     assert "Killing what is left of the server: " in log.read_text()
