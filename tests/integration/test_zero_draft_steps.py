@@ -34,9 +34,10 @@ def test_k0_steps_sample_as_an_engine_without_speculation(tiny_models):
     the same target served without speculation; nothing is drafted."""
     requests = [{"prompt": p, "max_tokens": 12, "logprobs": 3} for p in PROMPTS]
     requests += [{"prompt": p, "max_tokens": 12, "temperature": 0.9, "seed": 7 + i} for i, p in enumerate(PROMPTS)]
-    plain = probe({"target": str(tiny_models["target"]), "phases": [requests]})["phases"][0]
+    in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # one process each: the sampling path is the same
+    plain = probe({"target": str(tiny_models["target"]), "phases": [requests]}, env=in_process)["phases"][0]
     k0 = probe({"target": str(tiny_models["target"]), "draft": str(tiny_models["draft"]), "k": K,
-                "schedule": [[1, 128, 0]], "phases": [requests]})["phases"][0]
+                "schedule": [[1, 128, 0]], "phases": [requests]}, env=in_process)["phases"][0]
     assert k0["drafts"] == 0
     for ours, theirs in zip(k0["outputs"], plain["outputs"], strict=True):
         assert ours["token_ids"] == theirs["token_ids"]
