@@ -18,8 +18,9 @@ from pathlib import Path
 
 import requests
 
+from dynamo_spec.engine.process_env import vllm_dirs
 from support.server import ServerProcess, tiny_config
-from support.tiny_models import build_fixture_set, isolated_vllm_env
+from support.tiny_models import build_fixture_set
 
 
 def load(url: str, seconds: float, concurrency: int) -> float:
@@ -64,7 +65,7 @@ def main() -> None:
     import os
 
     work = Path(tempfile.mkdtemp(prefix="dynamo-spec-bench-"))
-    os.environ.update(isolated_vllm_env(work / "env"))
+    os.environ.update(vllm_dirs(work / "env", offline=True))
     models = build_fixture_set(work / "models")
     results: dict[bool, list[float]] = {True: [], False: []}
     scrapes: list[float] = []

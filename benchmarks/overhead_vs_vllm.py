@@ -55,9 +55,10 @@ def vllm_serve_argv(config: Path, port: int) -> list[str]:
 
 
 def tiny_config(work: Path) -> Path:
-    from support.tiny_models import build_fixture_set, isolated_vllm_env
+    from dynamo_spec.engine.process_env import vllm_dirs
+    from support.tiny_models import build_fixture_set
 
-    os.environ.update(isolated_vllm_env(work / "env"))
+    os.environ.update(vllm_dirs(work / "env", offline=True))
     models = build_fixture_set(work / "models")
     config = {
         "server": {"served_model_name": "tiny"},

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from support.tiny_models import build_fixture_set, isolated_vllm_env
+from dynamo_spec.engine.process_env import vllm_dirs
+from support.tiny_models import build_fixture_set
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Before any engine starts: vLLM's caches, sockets and configs go to a temp
     # folder (inherited by the engine's spawned processes and by servers we start).
     root = Path(tempfile.mkdtemp(prefix="dynamo-spec-tests-"))
-    os.environ.update(isolated_vllm_env(root))
+    os.environ.update(vllm_dirs(root, offline=True))
     config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
 
 

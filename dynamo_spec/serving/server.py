@@ -190,6 +190,9 @@ def reap_resource_tracker(timeout: float = 10.0) -> None:
     """
     from multiprocessing import resource_tracker
 
-    stopper = threading.Thread(target=resource_tracker._resource_tracker._stop, daemon=True)
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython's own, 3.11 and later
+    if stop is None:
+        return
+    stopper = threading.Thread(target=stop, daemon=True)
     stopper.start()
     stopper.join(timeout)  # an engine process still holding the pipe must not hang the exit

@@ -26,27 +26,31 @@ PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "zen_platfo
 
 
 def register() -> None:
-    """Entry point of the ``vllm.general_plugins`` group (runs in every process)."""
+    """Entry point of the ``vllm.general_plugins`` group (runs in every process).
+
+    Each patch installs on its own: a failure is logged loudly and never takes the engine down."""
     try:
         from dynamo_spec.engine.host import on_cpu
-        from dynamo_spec.vllm_patches.cpu_expand_kernel import apply_cpu_fixes
 
-        if on_cpu():
+        cpu = on_cpu()
+    except Exception:
+        logger.exception("dynamo-spec: could not tell vLLM's platform; the CPU patches stay off")
+        cpu = False
+    if cpu:
+        try:
+            from dynamo_spec.vllm_patches.cpu_expand_kernel import apply_cpu_fixes
+
             apply_cpu_fixes()
-    except Exception:
-        # A plugin failure must not take the engine down; say so loudly instead.
-        logger.exception(
-            "dynamo-spec: could not install the CPU rejection-sampler fix; "
-            "speculative decoding with temperature > 0 may emit garbage on CPU"
-        )
-    try:
-        from dynamo_spec.engine.host import on_cpu
-        from dynamo_spec.vllm_patches import compile_cache
+        except Exception:
+            logger.exception("dynamo-spec: could not install the CPU rejection-sampler fix; "
+                             "speculative decoding with temperature > 0 may emit garbage on CPU")
+        try:
+            from dynamo_spec.vllm_patches import compile_cache
 
-        if on_cpu() and (installed := compile_cache.apply()):
-            logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
-    except Exception:
-        logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
+            if installed := compile_cache.apply():
+                logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
+        except Exception:
+            logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
     if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
         return
     try:

@@ -27,7 +27,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def fixtures(tiny_models: dict[str, Path]) -> dict[str, Path]:
     # tests/conftest.py builds the set once per session and has already pointed
-    # vLLM's caches, sockets and configs into a temp folder (isolated_vllm_env).
+    # vLLM's caches, sockets and configs into a temp folder (process_env.vllm_dirs).
     return tiny_models
 
 
