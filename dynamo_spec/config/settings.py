@@ -131,6 +131,9 @@ class LimitsSettings(_Section):
         "null: no timeout.",
     )
     max_body_bytes: ByteSize = Field(ByteSize(4 * 2**20), ge=1, description="Largest request body (413 beyond).")
+    max_json_depth: int = Field(
+        64, ge=2, le=512, description="Deepest nesting of arrays/objects in a request body (400 beyond).",
+    )
     max_n: int = Field(8, ge=1, description="Largest n (and best_of): choices per request.")
     max_tokens: int | None = Field(
         None, ge=1, description="Largest max_tokens / max_completion_tokens; null: only the context length bounds it.",

@@ -8,7 +8,9 @@ Each refusal is answered at once in the OpenAI error shape and counted in
   (Retry-After: 1);
 - 413 ``body_too_large`` past ``limits.max_body_bytes``;
 - 400 ``limit`` when a field asks for more than its limit (the message names the
-  field and the limit).
+  field and the limit);
+- 400 ``invalid`` when the body is not JSON, nests deeper than ``limits.max_json_depth``,
+  or has a field of a type vLLM would crash on.
 
 A generation request running past ``limits.request_timeout_seconds`` is aborted in
 the engine and answered 504, or ended with an error event if it was streaming.
@@ -56,6 +58,39 @@ def _int(value: Any) -> int | None:
 # .get on the value (ChatCompletionRequest.check_structured_outputs_count and the
 # completions twin), so `"structured_outputs": false` was a 500 (found by tests/integration/test_fuzz.py).
 OBJECT_FIELDS = ("structured_outputs",)
+
+
+def parse_body(body: bytes, max_depth: int) -> Any:
+    """The request body as JSON, or a Refusal: not UTF-8, not JSON, or nested past `max_depth`.
+
+    The depth is bounded because every later parser (ours, vLLM's, pydantic's) recurses
+    on nesting: a body of a few hundred kB of ``[[[[...`` raises RecursionError, a 500.
+    """
+    try:
+        parsed = json.loads(body)
+    except RecursionError:
+        raise Refusal(400, "invalid", f"The request body nests deeper than {max_depth} levels "
+                                      "(limits.max_json_depth).") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise Refusal(400, "invalid", f"The request body is not valid JSON: {exc}") from None
+    if _depth_exceeds(parsed, max_depth):
+        raise Refusal(400, "invalid", f"The request body nests deeper than {max_depth} levels "
+                                      "(limits.max_json_depth).")
+    return parsed
+
+
+def _depth_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether arrays/objects in `value` nest deeper than `max_depth` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def check_types(body: Any) -> None:
@@ -116,10 +151,9 @@ class AdmissionMiddleware:
             self._admit(generation)
             if generation:
                 body = await self._read_body(scope, receive)
-                with contextlib.suppress(ValueError):
-                    parsed = json.loads(body)
-                    check_types(parsed)
-                    check_bounds(parsed, self.limits)
+                parsed = parse_body(body, self.limits.max_json_depth)
+                check_types(parsed)
+                check_bounds(parsed, self.limits)
                 receive = _replay(body, receive)
         except Refusal as refusal:
             await self._refuse(refusal, scope, receive, send)

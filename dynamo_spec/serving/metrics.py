@@ -235,7 +235,7 @@ class DynamoSpecMetrics:
         self.rejected = Counter(
             "dynamo_spec_requests_rejected",
             "Requests answered without reaching the engine, by reason: overloaded (429), loading, draining, "
-            "dead (503), limit (400), invalid (400: a field of the wrong type that vLLM would crash on), "
+            "dead (503), limit (400), invalid (400: not JSON, nested too deeply, or a field of a type vLLM would crash on), "
             "body_too_large (413).",
             ["reason"], registry=registry,
         )

@@ -87,3 +87,31 @@ def test_fuzz_every_route_from_the_openapi_schema(fuzz_server):
     assert total >= 4 * EXAMPLES, statuses
     assert problems == [], "\n".join(problems[:20])
     assert requests.get(fuzz_server.url + "/health", timeout=10).status_code == 200
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# A seed corpus of bodies schema-derived generation does not reach: each must get a 4xx in the
+# OpenAI shape, and the server must stay healthy.
+SEEDS = {
+    "deeply nested arrays (RecursionError in json.loads)": _nested(30000).encode(),
+    "nesting past limits.max_json_depth in a field": (
+        f'{{"model": "m", "messages": [{{"role": "user", "content": {_nested(100)}}}], "prompt": {_nested(100)}}}'
+    ).encode(),
+    "deeply nested objects": ('{"a":' * 10000 + "1" + "}" * 10000).encode(),
+    "not JSON": b"{'model': 'm'",
+    "not UTF-8": b'{"model": "\xff\xfe"}',
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_hostile_seed_bodies_get_an_openai_400(fuzz_server, route):
+    for name, body in SEEDS.items():
+        response = requests.post(fuzz_server.url + route, data=body, timeout=30, headers={
+            "Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+        assert response.status_code == 400, (name, response.status_code, response.text[:300])
+        assert openai_shaped(response.content), (name, response.text[:300])
+    assert requests.get(fuzz_server.url + "/health", timeout=10).status_code == 200

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from dynamo_spec.config.settings import LimitsSettings, Settings
-from dynamo_spec.serving.admission import Refusal, check_bounds, check_types
+from dynamo_spec.serving.admission import Refusal, check_bounds, check_types, parse_body
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
 from dynamo_spec.serving.server import is_loopback, security_warnings
 
@@ -107,3 +108,23 @@ def test_lifecycle_counts_in_flight_and_waits_for_idle():
         assert (life.phase, life.reason) == (Phase.DEAD, "the engine died")
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("body, what", [
+    (b"[" * 30000 + b"]" * 30000, "nests deeper"),  # RecursionError inside json.loads
+    (b'{"a": ' + b"[" * 65 + b"]" * 65 + b"}", "nests deeper"),  # parses, but past the bound
+    (b"{'a': 1}", "not valid JSON"),
+    (b'{"a": "\xff"}', "not valid JSON"),
+    (b"", "not valid JSON"),
+])
+def test_a_body_that_is_not_json_or_nests_too_deeply_is_refused(body, what):
+    with pytest.raises(Refusal) as refused:
+        parse_body(body, max_depth=64)
+    assert (refused.value.status, refused.value.reason) == (400, "invalid") and what in refused.value.message
+
+
+def test_a_body_at_the_depth_bound_parses():
+    body = b'{"a": ' + b"[" * 63 + b"]" * 63 + b"}"  # 64 levels: the object and 63 arrays
+    parsed = parse_body(body, max_depth=64)
+    assert isinstance(parsed["a"], list) and json.dumps(parsed).count("[") == 63
+    assert parse_body(b'{"messages": [{"content": [{"type": "text"}]}]}', max_depth=5)["messages"]
