@@ -22,7 +22,7 @@ PLUGIN_NAME = "dynamo_spec_cpu_fixes"
 # "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
 ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
 # The patch modules (each with CHECKED_ON and UPSTREAM_SIGNATURES).
-PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "zen_platform")
+PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "draft_admission", "zen_platform")
 
 
 def register() -> None:
@@ -51,6 +51,14 @@ def register() -> None:
                 logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
         except Exception:
             logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
+    try:
+        from dynamo_spec.vllm_patches import draft_admission
+
+        if patched := draft_admission.apply():
+            logger.debug("dynamo-spec: draft admission: patched %s", ", ".join(patched))
+    except Exception:
+        logger.exception("dynamo-spec: could not install the per-request draft caps; "
+                         "every request drafts the step's k")
     if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
         return
     try:

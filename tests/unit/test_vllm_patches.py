@@ -22,6 +22,7 @@ from dynamo_spec.vllm_patches import (  # noqa: E402
     _upstream,
     compile_cache,
     cpu_expand_kernel,
+    draft_admission,
     zen_platform,
     zero_draft_steps,
 )
@@ -33,6 +34,10 @@ ZERO_DRAFT_WRAPPED = ("vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
                       "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids",
                       "vllm.v1.core.sched.scheduler:Scheduler.schedule",
                       "vllm.v1.engine.core:EngineCore.post_step")
+# The methods draft_admission wraps, as its apply() names them.
+DRAFT_ADMISSION_WRAPPED = ("vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
+                           "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule",
+                           "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule")
 
 
 def patch_module(name: str) -> Any:
@@ -47,7 +52,7 @@ def upstream(qualified: str) -> Any:
         obj = cpu_expand_kernel._original_expand_impl
     if getattr(obj, compile_cache._WRAPPED_ATTR, False):
         obj = compile_cache._original_deserialize
-    while getattr(obj, zero_draft_steps._PATCHED_ATTR, False):
+    while getattr(obj, zero_draft_steps._PATCHED_ATTR, False) or getattr(obj, draft_admission._PATCHED_ATTR, False):
         obj = obj.__wrapped__
     return obj
 
@@ -160,7 +165,7 @@ def upstream_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(compile_cache, "_original_deserialize", None)
     state["deserialize"] = deserialize
 
-    for qualified in ZERO_DRAFT_WRAPPED:
+    for qualified in ZERO_DRAFT_WRAPPED + DRAFT_ADMISSION_WRAPPED:
         owner, name = qualified.rsplit(".", 1)
         original = upstream(qualified)
         monkeypatch.setattr(_upstream.resolve(owner), name, original)
@@ -227,6 +232,21 @@ def test_unchecked_vllm_zero_draft_steps_changes_nothing(running, caplog, upstre
     assert all(current(q) is not upstream_state[q] for q in wrapped)
 
 
+def test_unchecked_vllm_draft_admission_changes_nothing(running, caplog, upstream_state) -> None:
+    wrapped = DRAFT_ADMISSION_WRAPPED
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert draft_admission.apply() == []
+    assert all(current(q) is upstream_state[q] for q in wrapped)
+    assert len(inactive_lines(caplog, draft_admission.__name__)) == 1
+    assert len(caplog.records) == 1
+
+    running("0.32.0")
+    assert draft_admission.apply() == [q.split(":")[1] for q in wrapped]
+    assert all(current(q) is not upstream_state[q] for q in wrapped)
+    assert draft_admission.apply() == []  # idempotent
+
+
 def test_unchecked_vllm_the_zen_platform_plugin_names_nothing(running, caplog, monkeypatch) -> None:
     # As on an AMD CPU with zentorch, where the plugin names its platform on a checked vLLM.
     monkeypatch.setattr(zen_platform, "choose", lambda *args, **kwargs: zen_platform.ZEN_PLATFORM)
@@ -250,7 +270,7 @@ def test_unchecked_vllm_the_general_plugin_registers_nothing_and_does_not_fail(r
     with caplog.at_level(logging.INFO, logger=LOGGER):
         vllm_patches.register()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    expected = [zero_draft_steps] + ([cpu_expand_kernel, compile_cache] if on_cpu() else [])
+    expected = [zero_draft_steps, draft_admission] + ([cpu_expand_kernel, compile_cache] if on_cpu() else [])
     assert all(len(inactive_lines(caplog, m.__name__)) == 1 for m in expected)
     assert current("vllm.utils.cpu_triton_utils:_expand_kernel_impl") is upstream_state["expand"]
-    assert all(current(q) is upstream_state[q] for q in ZERO_DRAFT_WRAPPED)
+    assert all(current(q) is upstream_state[q] for q in ZERO_DRAFT_WRAPPED + DRAFT_ADMISSION_WRAPPED)

@@ -1,0 +1,215 @@
+"""Patch: how many draft tokens each request may have verified in a step (draft admission).
+
+Upstream (vLLM's v1 scheduler): every request of a step gets the same number of draft
+tokens, the step's k.
+
+- ``Scheduler.schedule`` sets ``SchedulerOutput.num_spec_tokens_to_schedule``, the k the
+  worker drafts after this step for every request in it: ``num_speculative_tokens``, or
+  the batch-size schedule's k (``Scheduler.dynamic_sd_lookup``).
+- Synchronous scheduling (the only kind on CPU): ``EngineCore.post_step`` takes the
+  drafts from the worker and hands them to ``Scheduler.update_draft_token_ids``, which
+  keeps all of them (less what a grammar rejects) as ``Request.spec_token_ids``; the next
+  ``schedule`` trims them only to the token budget.
+- Asynchronous scheduling: ``AsyncScheduler._update_after_schedule`` gives each
+  scheduled request k placeholder draft tokens (``Request.spec_token_ids``); the worker
+  fills them with its own drafts and ``update_draft_token_ids`` is not called. Fewer
+  placeholders than the worker drafted are fine: the runner takes the first ones.
+
+Change: each request's draft tokens are capped at the smallest of its caps (no cap: as
+vLLM drafts them). A cap source is a function ``(request, step) -> int | None``
+(:data:`CapSource`, ``None``: no cap); the sources are built once per scheduler by
+:func:`build_cap_sources`. The one source so far is the request's own
+``SamplingParams.extra_args["max_draft_tokens"]`` (vLLM's OpenAI layer copies a
+request's ``vllm_xargs`` there; the server merges the tenant's default in). Engine-wide
+caps (a fallback when acceptance collapses, a confidence budget per step) are further
+sources in that list, given what they need through :class:`StepContext`.
+
+1. ``Scheduler._update_after_schedule`` (inside ``schedule``, before the async
+   scheduler sets its placeholders): the step's k is lowered to the largest cap among
+   the scheduled requests that will draft (those not part-way through their prompt);
+   unchanged where one of them has no cap. A step in which none of them wants drafts is
+   then a k=0 step: ``zero_draft_steps`` takes its cheap path (the KV-only draft pass,
+   no round trip to the worker, the plain sampler in the next step), and the worker
+   never drafts more than a request may use.
+2. ``Scheduler.update_draft_token_ids``: each request's drafts are cut to its cap
+   before vLLM stores them.
+3. ``AsyncScheduler._update_after_schedule``: each request's placeholders are cut to
+   its cap.
+
+A request whose cap is 0 is then verified as without speculation: its per-request stats
+(``metrics.speculative_decoding``) show no drafts, while the others in the same batch
+draft as before; greedy output is the same.
+
+Not covered: a new request whose prompt is all in the prefix cache but its last token,
+in an engine without a batch-size schedule, is padded by vLLM with k placeholder drafts
+in its first decode step (``Scheduler.schedule``'s ``pad_spec_decode``); those are
+verified and counted, whatever its cap.
+
+Checked on vLLM 0.32.0 (``CHECKED_ON``). Goes away when vLLM takes a per-request draft
+limit itself (a per-request switch was proposed upstream and closed, PR #55412) and lets
+a plugin add engine-wide caps at the same place.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynamo_spec.vllm_patches._upstream import checked
+
+CHECKED_ON = ("0.32.0",)
+# The upstream methods this patch wraps, with the parameters it was written for.
+UPSTREAM_SIGNATURES = {
+    "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids": "(self, draft_token_ids)",
+    "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule": "(self, scheduler_output)",
+    "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule": "(self, scheduler_output)",
+}
+
+# The request field (in ``vllm_xargs``, i.e. ``SamplingParams.extra_args``).
+MAX_DRAFT_TOKENS = "max_draft_tokens"
+
+_PATCHED_ATTR = "_dynamo_spec_draft_admission"
+_SOURCES_ATTR = "_dynamo_spec_cap_sources"
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What a cap source may know about the step besides the request."""
+
+    num_requests: int  # requests scheduled in the step
+    k: int  # draft tokens per request the step drafts, before any cap
+
+
+# (request, step) -> the most draft tokens the request may have, or None (no cap).
+CapSource = Callable[[Any, StepContext], "int | None"]
+
+
+def request_cap(request: Any, step: StepContext) -> int | None:
+    """The request's own ``max_draft_tokens`` (a non-negative int; anything else: no cap,
+    the server refuses it with a 400 before it gets here)."""
+    params = getattr(request, "sampling_params", None)
+    extra = params.extra_args if params is not None else None
+    if not extra:
+        return None
+    value = extra.get(MAX_DRAFT_TOKENS)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def build_cap_sources(scheduler: Any) -> tuple[CapSource, ...]:
+    """The cap sources of this scheduler's engine. Engine-wide caps that keep state (a
+    guard's trailing window, a confidence budget) are built here, one set per scheduler."""
+    return (request_cap,)
+
+
+def draft_cap(request: Any, step: StepContext, sources: Iterable[CapSource]) -> int | None:
+    """The smallest cap the sources give the request; None when none caps it."""
+    cap = None
+    for source in sources:
+        value = source(request, step)
+        if value is not None and (cap is None or value < cap):
+            cap = value
+    return cap
+
+
+def admitted_k(requests: Iterable[Any], step: StepContext, sources: Sequence[CapSource]) -> int:
+    """The step's k lowered to the largest cap among ``requests`` (the step's k where one
+    has no cap, or where there are none)."""
+    largest = None
+    for request in requests:
+        cap = draft_cap(request, step, sources)
+        if cap is None or cap >= step.k:
+            return step.k
+        largest = cap if largest is None else max(largest, cap)
+    return step.k if largest is None else largest
+
+
+def _sources(scheduler: Any) -> tuple[CapSource, ...]:
+    sources = scheduler.__dict__.get(_SOURCES_ATTR)
+    if sources is None:
+        sources = scheduler.__dict__[_SOURCES_ATTR] = build_cap_sources(scheduler)
+    return sources
+
+
+def _update_draft_token_ids_capped(original):
+    @functools.wraps(original)
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        lists = draft_token_ids.draft_token_ids
+        step = StepContext(num_requests=len(lists), k=max((len(ids) for ids in lists), default=0))
+        if step.k:
+            sources = _sources(self)
+            capped = []
+            for req_id, ids in zip(draft_token_ids.req_ids, lists):
+                request = self.requests.get(req_id)
+                cap = draft_cap(request, step, sources) if request is not None else None
+                capped.append(ids[:cap] if cap is not None and cap < len(ids) else ids)
+            draft_token_ids = type(draft_token_ids)(draft_token_ids.req_ids, capped)
+        return original(self, draft_token_ids)
+
+    setattr(update_draft_token_ids, _PATCHED_ATTR, True)
+    return update_draft_token_ids
+
+
+def _update_after_schedule_admitting_k(original):
+    @functools.wraps(original)
+    def _update_after_schedule(self, scheduler_output) -> None:
+        original(self, scheduler_output)
+        k = scheduler_output.num_spec_tokens_to_schedule
+        scheduled = scheduler_output.num_scheduled_tokens
+        if k <= 0 or not scheduled:
+            return
+        drafting = [r for r in map(self.requests.get, scheduled) if r is not None and not r.is_prefill_chunk]
+        step = StepContext(num_requests=len(scheduled), k=k)
+        scheduler_output.num_spec_tokens_to_schedule = admitted_k(drafting, step, _sources(self))
+
+    setattr(_update_after_schedule, _PATCHED_ATTR, True)
+    return _update_after_schedule
+
+
+def _async_placeholders_capped(original):
+    @functools.wraps(original)
+    def _update_after_schedule(self, scheduler_output) -> None:
+        original(self, scheduler_output)
+        k = scheduler_output.num_spec_tokens_to_schedule
+        if k <= 0:
+            return
+        step = StepContext(num_requests=len(scheduler_output.num_scheduled_tokens), k=k)
+        sources = _sources(self)
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            if request.is_prefill_chunk:
+                continue
+            cap = draft_cap(request, step, sources)
+            if cap is not None and cap < len(request.spec_token_ids):
+                request.spec_token_ids = request.spec_token_ids[:cap]
+
+    setattr(_update_after_schedule, _PATCHED_ATTR, True)
+    return _update_after_schedule
+
+
+def _patch(owner: type, name: str, wrapper) -> bool:
+    current = owner.__dict__.get(name)
+    if current is None or getattr(current, _PATCHED_ATTR, False):
+        return False
+    setattr(owner, name, wrapper(current))
+    return True
+
+
+def apply() -> list[str]:
+    """Install the caps in this process (idempotent); return what was patched."""
+    if not checked(__name__, CHECKED_ON):
+        return []
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    patched = []
+    if _patch(Scheduler, "update_draft_token_ids", _update_draft_token_ids_capped):
+        patched.append("Scheduler.update_draft_token_ids")
+    if _patch(Scheduler, "_update_after_schedule", _update_after_schedule_admitting_k):
+        patched.append("Scheduler._update_after_schedule")
+    if _patch(AsyncScheduler, "_update_after_schedule", _async_placeholders_capped):
+        patched.append("AsyncScheduler._update_after_schedule")
+    return patched
