@@ -100,6 +100,10 @@ class ServerSettings(_Section):
         30.0, ge=0, description="On SIGTERM: how long in-flight requests may take to finish (new ones get 503). "
         "Match Kubernetes' terminationGracePeriodSeconds.",
     )
+    engine_stop_seconds: float = Field(
+        30.0, ge=6, description="After the drain: how long the engine's processes get to exit before they are "
+        "killed (its workers get all but 5 s of it). A compiled engine's exit can take 10 s on a busy CPU host.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     frontend: dict[str, Any] = Field(
         default_factory=dict, description="vLLM OpenAI-frontend options, as `vllm serve` flags in snake_case: "
@@ -180,6 +184,15 @@ class EngineSettings(_Section):
         return extra
 
 
+class TenantSettings(_Section):
+    """What one tenant's requests get by default (the tenant named by metrics.tenant_header)."""
+
+    max_draft_tokens: int | None = Field(
+        None, ge=0, description="Most draft tokens verified per step for this tenant's requests (0: none); "
+        "a request's vllm_xargs.max_draft_tokens may only lower it. null: the step's k.",
+    )
+
+
 class SpeculativeSettings(_Section):
     enabled: bool = Field(True, description="Turn speculative decoding off to serve the target alone.")
     method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
@@ -198,6 +211,10 @@ class SpeculativeSettings(_Section):
         None,
         description="EAGLE-3: target layers whose hidden states feed the draft. vLLM reads them from the "
         "draft's config.json; when set here, preflight checks the draft agrees.",
+    )
+    tenants: dict[str, TenantSettings] = Field(
+        default_factory=dict, description="Defaults per tenant, keyed by the value of the header "
+        "metrics.tenant_header: {batch: {max_draft_tokens: 0}}.",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Any other vLLM SpeculativeConfig field, passed through as is."
@@ -225,7 +242,10 @@ class MetricsSettings(_Section):
     enabled: bool = Field(True, description="false: /metrics serves only vLLM's own series (no dynamo_spec_*).")
     window_seconds: float = Field(60.0, gt=0, description="Trailing window of the acceptance gauges.")
     log_interval_seconds: float = Field(10.0, gt=0, description="Interval of the acceptance log line.")
-    tenant_header: str | None = Field(None, description="Request header whose value labels request metrics.")
+    tenant_header: str | None = Field(
+        None, description="Request header naming the tenant: labels request metrics and picks the "
+        "speculative.tenants defaults.",
+    )
     max_tenants: int = Field(20, ge=1, description="Distinct tenant label values; more fold into 'other'.")
 
 
@@ -258,6 +278,15 @@ class Settings(BaseSettings):
                 f"speculative.model: method '{spec.method}' needs a draft checkpoint: set speculative.model "
                 "(or speculative.enabled: false to serve without speculation)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tenant_header_given(self) -> Settings:
+        if self.speculative.tenants and not self.metrics.tenant_header:
+            raise ValueError("speculative.tenants: tenants are named by a request header: set "
+                             "metrics.tenant_header (e.g. X-Tenant)")
+        if "" in self.speculative.tenants:
+            raise ValueError("speculative.tenants: a tenant's name (the header's value) cannot be empty")
         return self
 
     @property

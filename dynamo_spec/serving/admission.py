@@ -10,7 +10,11 @@ Each refusal is answered at once in the OpenAI error shape and counted in
 - 400 ``limit`` when a field asks for more than its limit (the message names the
   field and the limit);
 - 400 ``invalid`` when the body is not JSON, nests deeper than ``limits.max_json_depth``,
-  or has a field of a type vLLM would crash on.
+  has a field of a type vLLM would crash on, or a ``vllm_xargs.max_draft_tokens`` that is
+  not an integer >= 0.
+
+An admitted request of a tenant with a default cap on draft tokens (``speculative.tenants``)
+reaches vLLM with that default merged into its ``vllm_xargs`` (``draft_caps``).
 
 A generation request running past ``limits.request_timeout_seconds`` is aborted in
 the engine and answered 504, or ended with an error event if it was streaming.
@@ -28,6 +32,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dynamo_spec.config.settings import LimitsSettings
+from dynamo_spec.serving import draft_caps
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
 from dynamo_spec.serving.metrics import DynamoSpecMetrics
 
@@ -94,7 +99,8 @@ def _depth_exceeds(value: Any, max_depth: int) -> bool:
 
 
 def check_types(body: Any) -> None:
-    """Raise a Refusal naming the field when a field vLLM expects as an object is not one."""
+    """Raise a Refusal naming the field when a field vLLM expects as an object is not one, or
+    when the request's cap on draft tokens is not an integer >= 0."""
     if not isinstance(body, dict):
         return
     for field in OBJECT_FIELDS:
@@ -102,6 +108,10 @@ def check_types(body: Any) -> None:
         if value is not None and not isinstance(value, dict):
             raise Refusal(400, "invalid", f"'{field}' must be an object or null, not {type(value).__name__}",
                           param=field)
+    try:
+        draft_caps.requested_cap(body)
+    except ValueError as exc:
+        raise Refusal(400, "invalid", str(exc), param=draft_caps.PARAM) from None
 
 
 def check_bounds(body: Any, limits: LimitsSettings) -> None:
@@ -136,11 +146,12 @@ def check_bounds(body: Any, limits: LimitsSettings) -> None:
 
 class AdmissionMiddleware:
     def __init__(self, app: ASGIApp, lifecycle: Lifecycle, limits: LimitsSettings,
-                 metrics: DynamoSpecMetrics | None):
+                 metrics: DynamoSpecMetrics | None, tenant_caps: draft_caps.TenantDraftCaps | None = None):
         self.app = app
         self.lifecycle = lifecycle
         self.limits = limits
         self.metrics = metrics
+        self.tenant_caps = tenant_caps
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1"):
@@ -154,6 +165,10 @@ class AdmissionMiddleware:
                 parsed = parse_body(body, self.limits.max_json_depth)
                 check_types(parsed)
                 check_bounds(parsed, self.limits)
+                if self.tenant_caps is not None and (
+                        merged := self.tenant_caps.merged(parsed, scope["headers"])) is not None:
+                    body = json.dumps(merged).encode()
+                    scope = _with_content_length(scope, len(body))
                 receive = _replay(body, receive)
         except Refusal as refusal:
             await self._refuse(refusal, scope, receive, send)
@@ -267,6 +282,12 @@ class AdmissionMiddleware:
             error = {"error": {"message": message, "type": "TimeoutError", "param": None, "code": 504}}
             await send({"type": "http.response.body", "body": f"data: {json.dumps(error)}\n\n".encode(),
                         "more_body": False})
+
+
+def _with_content_length(scope: Scope, length: int) -> Scope:
+    """The scope with its content-length header set to ``length`` (the body was rewritten)."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

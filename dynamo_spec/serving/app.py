@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
+from dynamo_spec.serving.draft_caps import TenantDraftCaps
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
 from dynamo_spec.serving.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
 from dynamo_spec.serving.metrics import DynamoSpecMetrics
@@ -92,7 +93,8 @@ def create_app(
     # Unknown routes and wrong methods raise Starlette's HTTPException: answer in the OpenAI shape too.
     app.exception_handler(StarletteHTTPException)(http_exception_handler)
     # Middleware: the last added is the outermost. Order of a request: metrics, API key, admission.
-    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics)
+    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics,
+                       tenant_caps=TenantDraftCaps.from_settings(settings))
     if settings.server.api_key is not None:
         guarded = ("/v1", "/metrics") if settings.server.metrics_require_api_key else ("/v1",)
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)

@@ -7,26 +7,15 @@ and the k the schedule picks for them, are exact.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.integration.zero_draft_probe import run as probe
 
 pytestmark = pytest.mark.integration
 
 K = 3
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot",
            "Summarise: the meeting moved to Tuesday because"]
-
-
-def probe(spec: dict, env: dict | None = None) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.zero_draft_probe", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("PROBE "):])
 
 
 def test_k0_steps_sample_as_an_engine_without_speculation(tiny_models):
@@ -48,26 +37,30 @@ def test_k0_steps_sample_as_an_engine_without_speculation(tiny_models):
 
 
 def test_k0_steps_skip_the_rejection_sampler_and_the_draft_round_trip(tiny_models):
-    """Batch of 8 (k=0 by the schedule), then a lone request (k=3). With our changes the
-    k=0 steps neither sample through the rejection sampler nor ask the worker for draft
-    tokens; the k=3 steps do. vLLM by itself (the changes off) does both in every
-    step. The tokens are the same either way."""
+    """Batch of 8 (k=0 by the schedule), then a lone request (k=3), then a lone request
+    that asks for no drafts (``max_draft_tokens`` 0: draft_admission makes its steps k=0).
+    With our changes the k=0 steps neither sample through the rejection sampler nor ask
+    the worker for draft tokens; the k=3 steps do. vLLM by itself (the changes off) does
+    both in every step of the schedule's k=0. The tokens are the same either way."""
     together = [{"prompt": p, "max_tokens": 9} for p in PROMPTS * 2]
     alone = [{"prompt": "Another lone request:", "max_tokens": 25}]
+    opted_out = [{"prompt": "A lone request without drafts:", "max_tokens": 9, "max_draft_tokens": 0}]
     spec = {"target": str(tiny_models["fixed_target"]), "draft": str(tiny_models["always_draft"]), "k": K,
-            "schedule": [[1, 1, K], [2, 128, 0]], "phases": [together, alone], "count_calls": True}
+            "schedule": [[1, 1, K], [2, 128, 0]], "phases": [together, alone, opted_out], "count_calls": True}
     in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # so the probe can count calls in the worker
     ours = probe(spec, env=in_process)
     vllm_own = probe(spec, env={**in_process, "DYNAMO_SPEC_ZERO_DRAFT_STEPS": "0"})
     steps_together = 9  # a prefill step and 8 decode steps, no drafts
     steps_alone = 1 + (25 - 1) // (K + 1)  # a prefill step, then six k=3 steps of 4 tokens
-    assert [p["drafts"] for p in ours["phases"]] == [p["drafts"] for p in vllm_own["phases"]] == [0, steps_alone - 1]
-    assert (vllm_own["calls"]["rejection_sampler"], vllm_own["calls"]["take_draft_token_ids"]) == \
-        (steps_together + steps_alone, steps_together + steps_alone)
+    steps_opted_out = 9  # a prefill step and 8 decode steps, no drafts
+    assert [p["drafts"] for p in ours["phases"]] == [p["drafts"] for p in vllm_own["phases"]] == \
+        [0, steps_alone - 1, 0]
+    assert [(p["calls"]["rejection_sampler"], p["calls"]["take_draft_token_ids"]) for p in vllm_own["phases"]] == \
+        [(steps_together, steps_together), (steps_alone, steps_alone), (steps_opted_out, steps_opted_out)]
     # Ours: the rejection sampler only where there are draft tokens (not in the lone
     # request's prefill step), the round trip after every step scheduled with k > 0.
-    assert (ours["calls"]["rejection_sampler"], ours["calls"]["take_draft_token_ids"]) == \
-        (steps_alone - 1, steps_alone)
+    assert [(p["calls"]["rejection_sampler"], p["calls"]["take_draft_token_ids"]) for p in ours["phases"]] == \
+        [(0, 0), (steps_alone - 1, steps_alone), (0, 0)]
     assert [o["token_ids"] for p in ours["phases"] for o in p["outputs"]] == \
         [o["token_ids"] for p in vllm_own["phases"] for o in p["outputs"]]
 

@@ -6,12 +6,25 @@ request of a phase before the first step, so the batch sizes, and with them the 
 schedule picks, are known exactly.
 
     python -m tests.integration.zero_draft_probe SPEC_JSON  ->  one JSON line on stdout
+
+Also used by tests/integration/test_draft_caps.py (requests with ``max_draft_tokens``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+
+
+def run(spec: dict, env: dict | None = None) -> dict:
+    """Run the probe in a subprocess (env added to this one's); what it printed."""
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.zero_draft_probe", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("PROBE "):])
 
 
 def drafts_counter(llm) -> float:
@@ -64,6 +77,7 @@ def main() -> None:
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
                                         "num_speculative_tokens": spec["k"],
                                         "num_speculative_tokens_per_batch_size": spec.get("schedule")}
+        kwargs["per_request_spec_decode_metrics"] = "summary"
     llm = LLM(**kwargs)
     calls = count_calls() if spec.get("count_calls") else {}
     if spec.get("skip_k0_draft_pass"):
@@ -71,15 +85,22 @@ def main() -> None:
     phases = []
     for requests in spec["phases"]:
         before = drafts_counter(llm)
+        calls_before = {name: calls[name] for name in ("rejection_sampler", "take_draft_token_ids")
+                        if name in calls}
         params = [SamplingParams(max_tokens=r["max_tokens"], temperature=r.get("temperature", 0.0),
-                                 seed=r.get("seed"), logprobs=r.get("logprobs"), ignore_eos=True)
+                                 seed=r.get("seed"), logprobs=r.get("logprobs"), ignore_eos=True,
+                                 extra_args=({"max_draft_tokens": r["max_draft_tokens"]}
+                                             if "max_draft_tokens" in r else None))
                   for r in requests]
         outputs = llm.generate([r["prompt"] for r in requests], params, use_tqdm=False)
         phases.append({
             "drafts": drafts_counter(llm) - before,
+            "calls": {name: calls[name] - n for name, n in calls_before.items()},
             "outputs": [{"token_ids": list(o.outputs[0].token_ids),
                          "logprobs": [{str(t): lp.logprob for t, lp in step.items()}
-                                      for step in (o.outputs[0].logprobs or [])]}
+                                      for step in (o.outputs[0].logprobs or [])],
+                         "spec": (o.outputs[0].spec_decode_metrics.to_dict()
+                                  if getattr(o.outputs[0], "spec_decode_metrics", None) else None)}
                         for o in outputs],
         })
     print("PROBE " + json.dumps({"phases": phases, "calls": calls}), flush=True)

@@ -128,3 +128,51 @@ def test_a_body_at_the_depth_bound_parses():
     parsed = parse_body(body, max_depth=64)
     assert isinstance(parsed["a"], list) and json.dumps(parsed).count("[") == 63
     assert parse_body(b'{"messages": [{"content": [{"type": "text"}]}]}', max_depth=5)["messages"]
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5, 2.0, "2", [1], {"n": 1}])
+def test_a_cap_on_draft_tokens_that_is_not_an_integer_from_0_is_refused(value):
+    with pytest.raises(Refusal) as refused:
+        check_types({"prompt": "x", "vllm_xargs": {"max_draft_tokens": value}})
+    r = refused.value
+    assert (r.status, r.reason, r.param) == (400, "invalid", "vllm_xargs.max_draft_tokens")
+    assert "'vllm_xargs.max_draft_tokens' must be an integer >= 0" in r.message
+
+
+@pytest.mark.parametrize("body", [{"vllm_xargs": {"max_draft_tokens": 0}}, {"vllm_xargs": {"max_draft_tokens": 5}},
+                                  {"vllm_xargs": {"max_draft_tokens": None}}, {"vllm_xargs": {"other": "x"}},
+                                  {"vllm_xargs": None}, {}])
+def test_a_cap_on_draft_tokens_from_0_or_absent_passes(body):
+    check_types(body)
+
+
+def tenant_caps(**tenants: int | None):
+    from dynamo_spec.serving.draft_caps import TenantDraftCaps
+
+    settings = Settings(engine={"model": "m"}, speculative={"model": "d", "tenants": {
+        name: {"max_draft_tokens": cap} for name, cap in tenants.items()}}, metrics={"tenant_header": "X-Tenant"})
+    return TenantDraftCaps.from_settings(settings)
+
+
+def headers(tenant: str | None) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json")] + ([(b"x-tenant", tenant.encode())] if tenant else [])
+
+
+@pytest.mark.parametrize("tenant, body, merged", [
+    ("batch", {"prompt": "x"}, {"prompt": "x", "vllm_xargs": {"max_draft_tokens": 0}}),
+    ("batch", {"vllm_xargs": None}, {"vllm_xargs": {"max_draft_tokens": 0}}),
+    ("slow", {"vllm_xargs": {"max_draft_tokens": 3, "k": "v"}}, {"vllm_xargs": {"max_draft_tokens": 2, "k": "v"}}),
+    ("slow", {"vllm_xargs": {"max_draft_tokens": 1}}, None),  # the request's value may lower it
+    ("slow", {"vllm_xargs": {"max_draft_tokens": 2}}, None),
+    ("chat", {"prompt": "x"}, None),  # a tenant without a default
+    ("other", {"prompt": "x"}, None),  # an unknown tenant
+    (None, {"prompt": "x"}, None),  # no tenant header
+    ("batch", {"vllm_xargs": "not an object"}, None),  # vLLM's own 400
+])
+def test_a_tenant_default_is_merged_into_the_request_and_only_lowered_by_it(tenant, body, merged):
+    caps = tenant_caps(batch=0, slow=2, chat=None)
+    assert caps.merged(body, headers(tenant)) == merged
+
+
+def test_no_tenant_defaults_no_merging():
+    assert tenant_caps(chat=None) is None

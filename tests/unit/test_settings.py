@@ -142,3 +142,32 @@ def test_frontend_options_are_checked_and_reach_vllm_serving_args():
                               ({"block_size": 16}, "set engine.extra.block_size")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             Settings(engine={"model": "m"}, speculative={"enabled": False}, server={"frontend": frontend})
+
+
+TENANTS_BASE = "engine:\n  model: x\nspeculative:\n  model: d\n"
+
+
+def test_tenant_defaults_are_typed_and_keyed_by_the_tenant_header(tmp_path):
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TENANTS_BASE + "  tenants:\n    batch:\n      max_draft_tokens: 0\n    chat: {}\n"
+                    "metrics:\n  tenant_header: X-Tenant\n")
+    s = load_settings(path, [], {"DYNAMO_SPEC_SPECULATIVE__TENANTS__BULK__MAX_DRAFT_TOKENS": "1"}).settings
+    assert {name: t.max_draft_tokens for name, t in s.speculative.tenants.items()} == \
+        {"batch": 0, "chat": None, "bulk": 1}
+
+
+@pytest.mark.parametrize("tenants, metrics, expected", [
+    ("    batch:\n      max_draft_tokens: -1\n", "  tenant_header: X-Tenant\n",
+     "speculative.tenants.batch.max_draft_tokens: Input should be greater than or equal to 0"),
+    ("    batch:\n      max_draft_tokens: two\n", "  tenant_header: X-Tenant\n",
+     "speculative.tenants.batch.max_draft_tokens: Input should be a valid integer"),
+    ("    batch:\n      max_draft_tokns: 0\n", "  tenant_header: X-Tenant\n",
+     ":7: speculative.tenants.batch.max_draft_tokns: unknown key"),
+    ("    batch:\n      max_draft_tokens: 0\n", "  max_tenants: 5\n", "set metrics.tenant_header"),
+], ids=["negative", "not-an-int", "unknown-key", "no-tenant-header"])
+def test_bad_tenant_defaults_name_the_field(tmp_path, tenants, metrics, expected):
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TENANTS_BASE + "  tenants:\n" + tenants + "metrics:\n" + metrics)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, [], {})
+    assert expected in str(err.value)
