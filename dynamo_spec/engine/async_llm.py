@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,13 +15,15 @@ from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import build_engine_args
 from dynamo_spec.engine.host import detect_host, resolve_dtype
 from dynamo_spec.engine.process_env import prepare_engine_processes
+from dynamo_spec.engine.teardown import set_worker_timeout, shutdown_engine
 
 logger = logging.getLogger("dynamo_spec.engine.async_llm")
 
 
 @asynccontextmanager
 async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> AsyncIterator[Any]:
-    """Start vLLM's AsyncLLM for `settings`; always shut it down on exit.
+    """Start vLLM's AsyncLLM for `settings`; on exit, shut it down and return once its
+    processes are gone (``teardown``).
 
     `stat_loggers` are vLLM StatLoggerFactory callables; they are added to
     vLLM's own (logging and Prometheus) loggers. The load (minutes for a large
@@ -31,6 +34,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
 
     prepare_engine_processes(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size,
                              cpu_preload=settings.engine.cpu_preload)
+    set_worker_timeout(os.environ, settings.server.engine_stop_seconds)
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
@@ -43,7 +47,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     try:
         yield engine
     finally:
-        engine.shutdown()
+        shutdown_engine(engine, settings.server.engine_stop_seconds)
 
 
 def stop_loading(grace: float = 5.0) -> int:

@@ -86,7 +86,8 @@ def test_probes_ports_and_grace_match_the_server(rendered, name, tmp_path):
         assert container[probe]["httpGet"]["port"] in (port["name"], port["containerPort"])
     pod = _server_pod(docs)["spec"]
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])
-    assert pod["terminationGracePeriodSeconds"] >= settings.server.shutdown_grace_seconds + int(pre_stop[-1]) + 5
+    assert pod["terminationGracePeriodSeconds"] >= (int(pre_stop[-1]) + settings.server.shutdown_grace_seconds
+                                                    + settings.server.engine_stop_seconds)
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["dshm"] == "/dev/shm" and mounts["config"] == "/etc/dynamo-spec"
     assert "--config /etc/dynamo-spec/config.yaml" in " ".join(container.get("args", []))

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import requests
 import yaml
 
+from support.processes import Watch
 from support.server import free_port, tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -43,30 +43,6 @@ def wait_ready(proc: subprocess.Popen, log: Path, timeout: float = 300) -> str:
 
 def descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
-
-
-class Watch:
-    """Every process started under `pid` while it runs, seen every 0.2 s: also one that
-    leaves its process group or session, or whose parent exits, once seen."""
-
-    def __init__(self, pid: int):
-        self.pid, self.seen, self._done = pid, {}, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.is_set():
-            try:
-                for child in descendants(self.pid):
-                    self.seen.setdefault(child.pid, child)
-            except psutil.NoSuchProcess:
-                return
-            time.sleep(0.2)
-
-    def stop(self) -> list[psutil.Process]:
-        self._done.set()
-        self._thread.join()
-        return list(self.seen.values())
 
 
 def session(proc: psutil.Process) -> int | None:
@@ -126,8 +102,7 @@ def test_launch_answers_and_sigterm_leaves_no_process(repo_root, tiny_models, tm
     """The compiled engine (torch.compile, the CPU default's setting): the script prints a curl
     line that works as printed; after SIGTERM it returns only once nothing it started is left,
     not even multiprocessing's resource tracker (Python 3.11 never waits for it; the server
-    does). The compiled worker's last garbage collection can outlast vLLM's 5 s, so the server
-    kills it and the tracker has shared memory to clean up after the server exits."""
+    does), and no shared memory its processes held (vLLM's queues, Intel OpenMP's files)."""
     config = tmp_path / "tiny-compiled.yaml"
     config.write_text(yaml.safe_dump(tiny_config(tiny_models["target"], tiny_models["draft"],
                                                  engine={"enforce_eager": False})))
@@ -147,9 +122,11 @@ def test_launch_answers_and_sigterm_leaves_no_process(repo_root, tiny_models, tm
     assert code == 143
     assert len(spawned) >= 3  # serve + EngineCore + worker
     assert left == [], log.read_text()[-3000:]
+    assert watch.shm_left() == [], log.read_text()[-3000:]
     text = log.read_text()
     assert "Stopping the server" in text
     assert "Killing what is left" not in text  # the server stopped its engine itself
+    assert "force killing" not in text and "leaked shared_memory" not in text
 
 
 # `serve` for the test below: starts helpers (two sleeps) in a session of their own, out of

@@ -7,6 +7,7 @@ which is sent as soon as the server counts the requests in flight.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -16,10 +17,13 @@ import openai
 import pytest
 import requests
 
-from support.server import ServerProcess, _group_members
+from support.processes import Watch
+from support.server import ServerProcess, _group_members, tiny_config
 from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, config, metric, post
 
 pytestmark = pytest.mark.integration
+
+HOOK_SLOW_EXIT = Path(__file__).parent / "hook_slow_exit"
 
 
 def in_flight(server) -> float:
@@ -119,3 +123,58 @@ def test_drain_past_the_grace_cuts_and_exits_1(tiny_models, tmp_path):
         assert srv.proc.wait(30) == 1
         assert len(results) == 1 and results[0] != ("done", "length"), results  # cut, not finished
         assert "1 request(s) still in flight after 1 s" in srv.log()
+
+
+def test_serve_exits_only_after_its_processes_and_shared_memory_are_gone(tiny_models, tmp_path):
+    """The compiled engine, 8 streams in flight at SIGTERM, and a worker that takes 8 s to
+    exit (a hook; a compiled worker's last garbage collection can take that long on a busy
+    host): past vLLM's default 5 s EngineCore was killed, leaving its shared memory behind.
+    When serve has exited, nothing it started runs and /dev/shm holds nothing of theirs."""
+    cfg = tiny_config(tiny_models["target"], tiny_models["draft"], engine={"enforce_eager": False})
+    env = {"PYTHONPATH": os.pathsep.join([str(HOOK_SLOW_EXIT), os.environ.get("PYTHONPATH", "")]),
+           "DYNAMO_SPEC_HOOK_SLOW_EXIT": "8"}
+    with ServerProcess(cfg, tmp_path, env=env) as srv:
+        watch = Watch(srv.proc.pid)
+        results: list = []
+        threads = [stream_in_thread(srv, 300, results) for _ in range(8)]
+        wait_in_flight(srv, 8)
+        srv.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(240)
+        returncode = srv.proc.wait(60)
+        running, shm = watch.running(), watch.shm_left()  # at once: nothing may be left to finish
+        watch.stop()
+        log = srv.log()
+        assert results == [("done", "length")] * 8
+        assert (returncode, running, shm) == (0, [], []), log[-3000:]
+        assert len(watch.seen) >= 3  # EngineCore, the worker, the resource tracker
+        assert "force killing" not in log and "leaked shared_memory" not in log and "killed:" not in log
+
+
+def test_a_killed_worker_turns_health_503_ends_requests_in_flight_and_exits_1(tiny_models, tmp_path):
+    """SIGKILL the model runner (vLLM's worker process), not EngineCore, with two streams in
+    flight: /health says 503 within seconds, both streams end with an error instead of hanging,
+    the server exits 1 and nothing it started is left running."""
+    import psutil
+
+    with ServerProcess(config(tiny_models), tmp_path) as srv:
+        watch = Watch(srv.proc.pid)
+        results: list = []
+        threads = [stream_in_thread(srv, 2000, results) for _ in range(2)]
+        wait_in_flight(srv, 2)
+        [worker] = [p for p in psutil.Process(srv.proc.pid).children(recursive=True) if "Worker" in p.name()]
+        worker.kill()
+        killed = time.monotonic()
+        while requests.get(srv.url + "/health", timeout=5).status_code == 200:
+            assert time.monotonic() - killed < 15, "/health still 200 15 s after the worker died"
+            time.sleep(0.2)
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a stream hung after the worker died"
+        assert len(results) == 2 and ("done", "length") not in results, results
+        assert srv.proc.wait(60) == 1
+        time.sleep(1)
+        running = watch.running()
+        watch.stop()
+        assert running == [], srv.log()[-3000:]
+        assert "The engine died" in srv.log()
