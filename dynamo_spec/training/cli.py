@@ -26,6 +26,14 @@ _ks = _list_of(int)
 _floats = _list_of(float)
 
 
+def _setting(text: str) -> str | float:
+    return text if text == "default" else float(text)
+
+
+_setting.__name__ = "'default' or float"
+_settings = _list_of(_setting)
+
+
 def _layers(text: str) -> tuple[int, ...]:
     return tuple(_ks(text))
 
@@ -86,8 +94,14 @@ def register(subparsers) -> None:
     e.add_argument("--speed-k", type=int, default=3, help="k for the tokens/s comparison")
     e.add_argument("--speed-prompts", type=int, default=8)
     e.add_argument("--speed-runs", type=int, default=3, help="0 skips the speed test")
-    e.add_argument("--temperatures", type=_floats, default=[0.0],
-                   help="sampling temperatures for acceptance, e.g. '0,0.7' (0: greedy)")
+    e.add_argument("--temperatures", type=_settings, default=["default", 0.0],
+                   help="sampling settings for acceptance: 'default' (a request that sets no "
+                   "sampling field) or a temperature (0: greedy), e.g. 'default,0,0.7'; the "
+                   "fields a request leaves out take the model's defaults (generation_config.json)"
+                   " (default: default,0)")
+    e.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+                   help="auto: the model's sampling defaults apply, as in the server; "
+                   "vllm: vLLM's neutral ones (default: auto)")
     e.add_argument("--max-tokens", type=int, default=128, help="new tokens (acceptance)")
     e.add_argument("--speed-max-tokens", type=int, default=64, help="new tokens (speed)")
     e.add_argument("--json", type=Path, help="also write the results here")
@@ -135,7 +149,8 @@ def _eval_draft(args: argparse.Namespace) -> int:
                             speed_k=args.speed_k, speed_prompts=args.speed_prompts,
                             speed_runs=args.speed_runs, max_tokens=args.max_tokens,
                             speed_max_tokens=args.speed_max_tokens,
-                            temperatures=args.temperatures)
+                            temperatures=args.temperatures,
+                            generation_config=args.generation_config)
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

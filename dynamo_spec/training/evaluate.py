@@ -1,10 +1,16 @@
-"""``eval-draft``: acceptance and speed of an EAGLE-3 draft on held-out prompts.
+"""``eval-draft``: acceptance and speed of an EAGLE-3 draft on held-out prompts, and how
+much the answers loop.
 
-Acceptance (one engine per k; greedy, or sampled at each of ``temperatures`` with a seed
-per prompt): mean acceptance length (1 + accepted / drafts,
-counting the bonus token, as vLLM defines it), acceptance rate (accepted / drafted)
-and per-position acceptance (drafts whose first i + 1 tokens were accepted / drafts),
-from vLLM's per-request speculative metrics summed over the prompts.
+Acceptance (one engine per k; for each sampling setting: a temperature, 0 for greedy, or
+``default``, a request that sets no sampling field; each request takes the model's
+defaults from ``generation_config.json`` for the fields it leaves out, as vLLM's server
+does, and is seeded by its prompt's index): mean acceptance length (1 + accepted /
+drafts, counting the bonus token, as vLLM defines it), acceptance rate (accepted /
+drafted) and per-position acceptance (drafts whose first i + 1 tokens were accepted /
+drafts), from vLLM's per-request speculative metrics summed over the prompts. Beside
+each: the answers' degeneration (``degeneration``: repeated 4-gram share, looping
+answers) and the acceptance on the answers that do not loop, since a loop is easy to
+predict and inflates acceptance.
 Speed: tokens/s at batch 1 (prompts one after another) and batch 8 (one batch), with
 and without speculation, median of ``runs``; the two engines run back to back.
 """
@@ -17,10 +23,13 @@ import time
 from pathlib import Path
 
 from .answers import chat_prompt_ids
-from .offline_llm import offline_llm
+from .degeneration import degeneration
+from .offline_llm import offline_llm, request_params
 from .rows import interleave_sources, read_jsonl
 
 logger = logging.getLogger(__name__)
+
+DEFAULT = "default"  # the sampling setting of a request that sets no sampling field
 
 
 def held_out_prompts(target: Path, prompts_path: Path, n: int) -> tuple[list[str], list]:
@@ -51,15 +60,42 @@ def acceptance(outputs, k: int) -> dict:
             "per_position": per_pos, "drafts": steps, "histogram": hist}
 
 
-def _generate(llm, prompt_ids, max_tokens, temperature: float = 0.0):
-    from vllm import SamplingParams
+def answer_ids(output) -> list[int]:
+    """The answer's token ids without the end-of-sequence token that stopped it."""
+    comp = output.outputs[0]
+    ids = list(comp.token_ids)
+    return ids[:-1] if comp.finish_reason == "stop" and ids else ids
+
+
+def _generate(llm, prompt_ids, max_tokens, temperature: float | str = 0.0):
     from vllm.inputs import TokensPrompt
 
-    # Sampled runs are seeded per prompt, so a draft and its successor see the same draws.
-    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens,
-                             seed=i if temperature > 0 else None) for i in range(len(prompt_ids))]
+    # Seeded per prompt, so a draft and its successor see the same draws.
+    params = [request_params(llm, temperature=None if temperature == DEFAULT else temperature,
+                             max_tokens=max_tokens, seed=i) for i in range(len(prompt_ids))]
     return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                         use_tqdm=False)
+
+
+def _measure(outputs, sources, k: int) -> dict:
+    """Acceptance and degeneration of one setting's outputs, overall and per source."""
+    answers = [answer_ids(o) for o in outputs]
+    deg = degeneration(answers)
+    clean = [o for o, s in zip(outputs, deg["cycle_starts"]) if s is None]
+    acc = {**acceptance(outputs, k), "degeneration": deg,
+           "not_looping": {"n": len(clean), **{
+               key: value for key, value in acceptance(clean, k).items()
+               if key in ("mean_acceptance_length", "acceptance_rate")}},
+           "mean_answer_tokens": sum(map(len, answers)) / len(answers) if answers else 0.0,
+           "per_source": {}}
+    for src in sorted(set(sources)):
+        mine = [i for i, s in enumerate(sources) if s == src]
+        part = acceptance([outputs[i] for i in mine], k)
+        acc["per_source"][src] = {
+            "n": len(mine), "mean_acceptance_length": part["mean_acceptance_length"],
+            "per_position": part["per_position"],
+            "repeated_ngram_share": degeneration([answers[i] for i in mine])["repeated_ngram_share"]}
+    return acc
 
 
 def speed(llm, prompt_ids, max_tokens: int, runs: int) -> dict:
@@ -81,56 +117,72 @@ def speed(llm, prompt_ids, max_tokens: int, runs: int) -> dict:
 def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 100,
                    ks=(1, 2, 3, 4, 5), speed_k: int = 3, speed_prompts: int = 8,
                    speed_runs: int = 3, max_tokens: int = 128,
-                   speed_max_tokens: int = 64, temperatures=(0.0,)) -> dict:
-    """Acceptance for each k in ``ks`` and each of ``temperatures`` (all ``n`` prompts in
-    one batch), then, when ``speed_runs`` > 0, tokens/s (greedy) without speculation and
-    with k = ``speed_k``."""
+                   speed_max_tokens: int = 64, temperatures=(DEFAULT, 0.0),
+                   generation_config: str = "auto") -> dict:
+    """Acceptance and degeneration for each k in ``ks`` and each of ``temperatures``
+    (:data:`DEFAULT` or a temperature; all ``n`` prompts in one batch), then, when
+    ``speed_runs`` > 0, tokens/s (temperature 0) without speculation and with k =
+    ``speed_k``. ``generation_config``: ``auto`` applies the model's sampling defaults,
+    ``vllm`` drops them (vLLM's engine option)."""
     sources, prompts = held_out_prompts(target, prompts_path, n)
-    result: dict = {"n_prompts": len(prompts), "max_tokens": max_tokens, "acceptance": []}
+    result: dict = {"n_prompts": len(prompts), "max_tokens": max_tokens, "acceptance": [],
+                    "generation_config": generation_config}
     for k in ks:
         with offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
-                         per_request_spec_decode_metrics="summary") as llm:
+                         per_request_spec_decode_metrics="summary",
+                         generation_config=generation_config) as llm:
+            result["model_defaults"] = llm.model_config.get_diff_sampling_param()
             for temperature in temperatures:
                 t0 = time.monotonic()
                 outputs = _generate(llm, prompts, max_tokens, temperature)
-                acc = {"temperature": temperature, **acceptance(outputs, k)}
-                acc["per_source"] = {}
-                for src in sorted(set(sources)):
-                    part = acceptance([o for o, s in zip(outputs, sources) if s == src], k)
-                    acc["per_source"][src] = {"n": sources.count(src), **{
-                        key: part[key] for key in ("mean_acceptance_length", "per_position")}}
+                acc = {"temperature": temperature, **_measure(outputs, sources, k)}
                 acc["seconds"] = round(time.monotonic() - t0, 1)
                 result["acceptance"].append(acc)
-                logger.info("k=%d T=%g: %s", k, temperature, acc)
+                logger.info("k=%d %s: %s", k, _label(temperature), acc)
     if speed_runs:
         fast = prompts[:speed_prompts]
         result["speed_max_tokens"] = speed_max_tokens
-        with offline_llm(target, max_num_seqs=max(speed_prompts, 8)) as llm:
+        with offline_llm(target, max_num_seqs=max(speed_prompts, 8),
+                         generation_config=generation_config) as llm:
             result["speed_no_spec"] = speed(llm, fast, speed_max_tokens, speed_runs)
-        with offline_llm(target, draft=draft, k=speed_k, max_num_seqs=max(speed_prompts, 8)) as llm:
+        with offline_llm(target, draft=draft, k=speed_k, max_num_seqs=max(speed_prompts, 8),
+                         generation_config=generation_config) as llm:
             result["speed_spec"] = {"k": speed_k,
                                     **speed(llm, fast, speed_max_tokens, speed_runs)}
     return result
 
 
+def _label(temperature) -> str:
+    return DEFAULT if temperature == DEFAULT else f"{temperature:g}"
+
+
 def format_report(result: dict) -> str:
-    lines = [(f"held-out prompts: {result['n_prompts']}, max_tokens {result['max_tokens']} "
-              "(temperature 0: greedy; above 0: sampled, seeded per prompt)"), "",
-             "| k | temperature | mean acceptance length | acceptance rate | per position |",
-             "|---|---|---|---|---|"]
+    defaults = result.get("model_defaults") or {}
+    shown = ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "none"
+    lines = [(f"held-out prompts: {result['n_prompts']}, max_tokens {result['max_tokens']}; "
+              f"sampling: 'default' sets no field, a number sets the temperature (0: greedy), "
+              f"seeded per prompt; the fields left out take the model's defaults: {shown}"), "",
+             "| k | sampling | mean acceptance length | acceptance rate | per position "
+             "| repeated 4-grams | looping answers | mean acceptance length, answers not looping |",
+             "|---|---|---|---|---|---|---|---|"]
     for a in result["acceptance"]:
         pos = " / ".join(f"{p:.2f}" for p in a["per_position"])
-        lines.append(f"| {a['k']} | {a.get('temperature', 0.0):g} | "
-                     f"{a['mean_acceptance_length']:.2f} | {a['acceptance_rate']:.2f} | {pos} |")
-    cols = [f"k={a['k']} T={a.get('temperature', 0.0):g}" for a in result["acceptance"]]
+        deg, clean = a["degeneration"], a["not_looping"]
+        lines.append(f"| {a['k']} | {_label(a['temperature'])} | "
+                     f"{a['mean_acceptance_length']:.2f} | {a['acceptance_rate']:.2f} | {pos} | "
+                     f"{deg['repeated_ngram_share']:.1%} | {deg['looping']} / {deg['answers']} | "
+                     + (f"{clean['mean_acceptance_length']:.2f} ({clean['n']}) |" if clean["n"]
+                        else "- (0) |"))
+    cols = [f"k={a['k']} {_label(a['temperature'])}" for a in result["acceptance"]]
     if cols:
-        lines += ["", "mean acceptance length per source:", "",
+        lines += ["", "mean acceptance length (repeated 4-grams) per source:", "",
                   "| source | prompts | " + " | ".join(cols) + " |",
                   "|---|---|" + "---|" * len(cols)]
         for src, first in result["acceptance"][0]["per_source"].items():
-            lens = [a["per_source"][src]["mean_acceptance_length"] for a in result["acceptance"]]
-            lines.append(f"| {src} | {first['n']} | " + " | ".join(f"{x:.2f}" for x in lens)
-                         + " |")
+            cells = [a["per_source"][src] for a in result["acceptance"]]
+            lines.append(f"| {src} | {first['n']} | " + " | ".join(
+                f"{c['mean_acceptance_length']:.2f} ({c['repeated_ngram_share']:.0%})"
+                for c in cells) + " |")
     if "speed_spec" in result:
         base, spec = result["speed_no_spec"], result["speed_spec"]
         lines += ["", (f"tokens/s, median of {len(base['batch1_runs'])} runs, "

@@ -17,11 +17,12 @@ from ..engine.process_env import prepare_engine_processes, temporary_vllm_dirs
 @contextlib.contextmanager
 def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
                 dtype: str = "bfloat16", kv_cache_bytes: int = 512 * 2**20,
-                max_num_seqs: int = 64, max_model_len: int = 2048, **extra):
+                max_num_seqs: int = 64, max_model_len: int = 2048, schedule=None, **extra):
     """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down.
 
     Its arguments come from a ``Settings`` through ``engine_args.engine_kwargs``, as the
-    server's do; ``extra``: other engine settings (typed fields) or ``engine.extra`` fields."""
+    server's do; ``schedule``: the draft's batch-size schedule of k (``[[lo, hi, k], ...]``);
+    ``extra``: other engine settings (typed fields) or ``engine.extra`` fields."""
     engine = {"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
               "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": 0,
               "per_request_spec_decode_metrics": "none"}
@@ -30,7 +31,8 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     engine["extra"] = {k: v for k, v in extra.items() if k not in typed}
     settings = Settings(
         engine=engine,
-        speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k} if draft is not None
+        speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
+                     "num_speculative_tokens_per_batch_size": schedule} if draft is not None
         else {"enabled": False},
     )
     with temporary_vllm_dirs():
@@ -43,3 +45,15 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
+
+
+def request_params(llm, **fields):
+    """``SamplingParams`` as vLLM's OpenAI server builds them for a request that sets
+    ``fields`` (None: not set): each sampling field the request leaves out takes the
+    model's default from its ``generation_config.json`` (none when the engine runs with
+    ``generation_config="vllm"``), then vLLM's own."""
+    from vllm import SamplingParams
+
+    defaults = llm.model_config.get_diff_sampling_param()
+    return SamplingParams.from_optional(
+        **{**defaults, **{k: v for k, v in fields.items() if v is not None}})

@@ -1,11 +1,21 @@
 """``dynamo-spec verify``: is speculative decoding lossless for this target + draft?
 
 Greedy-decodes the same prompts twice, without and with speculation (two engines, one
-after the other, each fully shut down), and compares the tokens. At the first
+after the other, each fully shut down), and compares the tokens. The requests set only the
+temperature (0), so the model's other sampling defaults (``generation_config.json``: a
+repetition penalty, say) apply, as they do in the server. At the first
 differing token it reports the log-prob margin of the reference run between the
 token it chose and the one the speculative run chose: in bf16, verifying several
 tokens in one pass rounds differently from one-token steps, so a near-tie (margin
 below ``--tie-nats``) is numerical noise, while a clear margin is a real bug.
+
+Under batching (``--concurrency 1,4,16``): at each concurrency N both engines decode at most
+N requests at once (``max_num_seqs``; all prompts are submitted together, so batches keep N
+requests and mix prefills with decodes), the speculative one with a fixed k and, with
+``--schedule`` or ``--config``, with a batch-size schedule whose ranges the batch crosses as
+requests finish. What else moves greedy output between two runs is reported with the
+results: vLLM's CPU split-KV attention (``VLLM_CPU_ATTN_SPLIT_KV``), the chunked-prefill
+budget (draft tokens share it, so chunk boundaries move) and the threads.
 Exit status: 0 when no real difference, 1 otherwise.
 """
 
@@ -48,18 +58,24 @@ def load_prompts(path: Path, n: int) -> list[list[dict]]:
     return [r.get("messages") or [{"role": "user", "content": r["prompt"]}] for r in rows][:n]
 
 
-def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | None, k: int):
-    from vllm import SamplingParams
+def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | None, k: int,
+         generation_config: str = "auto", concurrency: int | None = None, schedule=None):
     from vllm.inputs import TokensPrompt
 
-    from .offline_llm import offline_llm
+    from .offline_llm import offline_llm, request_params
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=5)
-    with offline_llm(target, draft=draft, k=k, dtype=dtype,
-                     max_num_seqs=max(8, len(prompt_ids))) as llm:
+    with offline_llm(target, draft=draft, k=k, dtype=dtype, generation_config=generation_config,
+                     max_num_seqs=concurrency or max(8, len(prompt_ids)), schedule=schedule) as llm:
+        params = request_params(llm, temperature=0.0, max_tokens=max_tokens, logprobs=5)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                             use_tqdm=False)
-    return [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs]
+    return [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs], penalties(params)
+
+
+def penalties(params) -> dict:
+    """The penalties of ``params`` that differ from none."""
+    neutral = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    return {k: getattr(params, k) for k, v in neutral.items() if getattr(params, k) != v}
 
 
 def _margin(logprobs_at, chosen: int, other: int) -> float:
@@ -84,33 +100,107 @@ def compare(reference, speculative) -> list[Difference]:
     return diffs
 
 
-def verify(target: Path, draft: Path, k: int, prompts: list[list[dict]], *,
-           max_tokens: int = 128, dtype: str = "bfloat16") -> list[Difference]:
+def _prompt_ids(target: Path, prompts: list[list[dict]]) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    ids = [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)) for m in prompts]
-    reference = _run(target, ids, max_tokens, dtype, None, k)
-    speculative = _run(target, ids, max_tokens, dtype, draft, k)
-    return compare(reference, speculative)
+    return [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                         return_dict=False)) for m in prompts]
+
+
+def verify(target: Path, draft: Path, k: int, prompts: list[list[dict]], *,
+           max_tokens: int = 128, dtype: str = "bfloat16",
+           generation_config: str = "auto") -> tuple[list[Difference], dict]:
+    """The first difference of each prompt that differs, and the penalties both runs
+    applied (from the model's defaults)."""
+    ids = _prompt_ids(target, prompts)
+    reference, applied = _run(target, ids, max_tokens, dtype, None, k, generation_config)
+    speculative, _ = _run(target, ids, max_tokens, dtype, draft, k, generation_config)
+    return compare(reference, speculative), applied
+
+
+def verify_batched(target: Path, draft: Path, k: int, prompts: list[list[dict]], concurrency: list[int], *,
+                   schedule=None, max_tokens: int = 128, dtype: str = "bfloat16",
+                   generation_config: str = "auto") -> tuple[list[dict], dict]:
+    """At each concurrency: the reference, then fixed k (and the schedule when given), each
+    compared token for token with the reference. Rows of {concurrency, variant, diffs}."""
+    ids = _prompt_ids(target, prompts)
+    rows, applied = [], {}
+    variants = [(f"k={k}", None)] + ([(f"schedule {json.dumps(schedule)}", schedule)] if schedule else [])
+    for n in concurrency:
+        reference, applied = _run(target, ids, max_tokens, dtype, None, k, generation_config, n)
+        for name, sched in variants:
+            speculative, _ = _run(target, ids, max_tokens, dtype, draft, k, generation_config, n, sched)
+            rows.append({"concurrency": n, "variant": name, "diffs": compare(reference, speculative)})
+    return rows, applied
+
+
+def conditions(dtype: str) -> str:
+    """What moves greedy output between runs besides speculation, as this run had it."""
+    import os
+
+    split_kv = os.environ.get("VLLM_CPU_ATTN_SPLIT_KV", "1")
+    threads = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or os.environ.get("OMP_NUM_THREADS") or "vLLM's"
+    return (f"{dtype}, VLLM_CPU_ATTN_SPLIT_KV={split_kv}, threads {threads}, chunked prefill with "
+            "vLLM's token budget (the draft tokens share it)")
+
+
+def _print_diffs(diffs: list[Difference], tie_nats: float, prefix: str = "") -> int:
+    real = [d for d in diffs if not d.near_tie(tie_nats)]
+    for d in diffs:
+        kind = "near-tie" if d.near_tie(tie_nats) else "REAL DIFFERENCE"
+        print(f"{prefix}prompt {d.prompt}: first difference at generated token {d.position}: "
+              f"reference {d.reference_token} vs speculative {d.speculative_token}, "
+              f"margin {d.margin:.3f} nats ({kind})")
+    return len(real)
+
+
+def _schedule(args: argparse.Namespace):
+    if args.schedule:
+        return json.loads(args.schedule)
+    if args.config:
+        from ..config import schedule as schedules
+        from ..config.loader import load_settings
+
+        settings = load_settings(args.config)
+        torch_dtype = "bfloat16" if args.dtype == "bfloat16" else "float32"
+        applied, _ = schedules.for_engine(settings, torch_dtype)
+        return schedules.as_lists(applied) if applied else None
+    return None
 
 
 def _cmd(args: argparse.Namespace) -> int:
     setup_logging()
     prompts = load_prompts(args.prompts, args.n)
-    diffs = verify(args.target, args.draft, args.k, prompts, max_tokens=args.max_tokens,
-                   dtype=args.dtype)
-    real = [d for d in diffs if not d.near_tie(args.tie_nats)]
-    for d in diffs:
-        kind = "near-tie" if d.near_tie(args.tie_nats) else "REAL DIFFERENCE"
-        print(f"prompt {d.prompt}: first difference at generated token {d.position}: "
-              f"reference {d.reference_token} vs speculative {d.speculative_token}, "
-              f"margin {d.margin:.3f} nats ({kind})")
-    print(f"verify: {len(prompts)} prompts, k={args.k}, {args.dtype}: "
-          f"{len(prompts) - len(diffs)} identical, {len(diffs) - len(real)} near-ties "
-          f"(<= {args.tie_nats} nats), {len(real)} real differences")
-    return 1 if real else 0
+    if not args.concurrency:
+        diffs, applied = verify(args.target, args.draft, args.k, prompts, max_tokens=args.max_tokens,
+                                dtype=args.dtype, generation_config=args.generation_config)
+        real = _print_diffs(diffs, args.tie_nats)
+        shown = ", ".join(f"{k} {v:g}" for k, v in applied.items()) or "no penalty"
+        print(f"verify: {len(prompts)} prompts, k={args.k}, {args.dtype}, greedy, {shown}: "
+              f"{len(prompts) - len(diffs)} identical, {len(diffs) - real} near-ties "
+              f"(<= {args.tie_nats} nats), {real} real differences")
+        return 1 if real else 0
+    rows, applied = verify_batched(args.target, args.draft, args.k, prompts, args.concurrency,
+                                   schedule=_schedule(args), max_tokens=args.max_tokens, dtype=args.dtype,
+                                   generation_config=args.generation_config)
+    shown = ", ".join(f"{k} {v:g}" for k, v in applied.items()) or "no penalty"
+    print(f"verify: {len(prompts)} prompts, greedy, {shown}; {conditions(args.dtype)}")
+    print("\n| concurrency | speculation | identical | near-ties | real differences |\n|---|---|---|---|---|")
+    total = 0
+    for row in rows:
+        real = sum(not d.near_tie(args.tie_nats) for d in row["diffs"])
+        total += real
+        print(f"| {row['concurrency']} | {row['variant']} | {len(prompts) - len(row['diffs'])} | "
+              f"{len(row['diffs']) - real} | {real} |")
+    print(f"\n(near-tie: the reference's top-2 log-prob gap at the first difference <= {args.tie_nats} nats)")
+    for row in rows:
+        _print_diffs(row["diffs"], args.tie_nats, prefix=f"concurrency {row['concurrency']}, {row['variant']}: ")
+    return 1 if total else 0
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def register(subparsers) -> None:
@@ -124,6 +214,15 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=50, help="number of prompts")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+                   help="auto: the model's sampling defaults other than the temperature apply "
+                   "(its penalties), as in the server; vllm: none (default: auto)")
+    p.add_argument("--concurrency", type=_ints, default=None,
+                   help="e.g. 1,4,16: at each, both engines decode at most that many requests at once "
+                   "(all prompts submitted together); default: all at once, fixed k only")
+    p.add_argument("--schedule", help="with --concurrency: also a batch-size schedule of k, JSON [[lo, hi, k], ...]")
+    p.add_argument("--config", type=Path, help="with --concurrency: also the schedule this config applies "
+                   "for --dtype")
     p.add_argument("--tie-nats", type=float, default=0.25,
                    help="a first difference within this log-prob margin is a near-tie")
     p.set_defaults(func=_cmd)

@@ -21,3 +21,24 @@ def test_verify_finds_no_difference_on_the_tiny_pair(tiny_models, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "3 prompts" in result.stdout and "0 real differences" in result.stdout, result.stdout[-2000:]
+    assert "greedy, no penalty" in result.stdout  # the fixture's generation_config.json sets none
+
+
+def test_verify_under_batching_and_a_schedule_finds_outputs_identical(tiny_models, tmp_path):
+    """Eight prompts at concurrency 1 and 4: with a fixed k, and with a schedule whose ranges the
+    batch crosses as requests finish (k=3 alone, k=1 for 2-3, k=0 from 4). On the tiny pair the
+    outputs must be identical, not merely near-ties."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"Prompt number {i}: say something about {w}.\n"
+                               for i, w in enumerate(["sea", "sky", "trees", "cats", "code", "rain", "bread", "sun"])))
+    result = subprocess.run(
+        [sys.executable, "-m", "dynamo_spec", "verify", "--target", str(tiny_models["target"]),
+         "--draft", str(tiny_models["draft"]), "--k", "3", "--prompts", str(prompts), "--n", "8",
+         "--max-tokens", "24", "--concurrency", "1,4", "--schedule", "[[1, 1, 3], [2, 3, 1], [4, 128, 0]]"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for n in (1, 4):
+        assert f"| {n} | k=3 | 8 | 0 | 0 |" in result.stdout, result.stdout[-2000:]
+        assert f"| {n} | schedule [[1, 1, 3], [2, 3, 1], [4, 128, 0]] | 8 | 0 | 0 |" in result.stdout, result.stdout
+    assert "VLLM_CPU_ATTN_SPLIT_KV=" in result.stdout
