@@ -5,6 +5,7 @@
         [--cells default:0,default:2,default:config,nst-max:config] [--interleave]
         [--schedule NAME=JSON ...]   # adds variant sched-NAME: that batch-size schedule (cell sched-NAME:config)
         [--draft NAME=PATH ...]      # adds variant draft-NAME: that draft checkpoint (cell draft-NAME:config)
+        [--set NAME=OVERRIDES ...]   # adds variant NAME: these config overrides ('--speculative.guard.enabled false')
 
 Each variant is an environment (LD_PRELOAD of tcmalloc and/or Intel OpenMP, thread
 binding) and/or config overrides; every (variant, k) gets its own server, and the
@@ -24,6 +25,7 @@ import contextlib
 import glob
 import json
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -169,6 +171,10 @@ def main() -> None:
     parser.add_argument("--draft", action="append", default=[], metavar="NAME=PATH",
                         help="a variant draft-NAME serving this draft checkpoint instead of the config's "
                              "(its cells: draft-NAME:config, draft-NAME:3, ...)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=OVERRIDES",
+                        help="a variant NAME serving with these command-line overrides, e.g. "
+                             "'noguard=--speculative.guard.enabled false' (combine with a draft: "
+                             "'bad=--speculative.model DIR')")
     parser.add_argument("--interleave", action="store_true",
                         help="all servers up at once, taking turns every cell (a noisy host; needs their memory)")
     args = parser.parse_args()
@@ -183,6 +189,9 @@ def main() -> None:
         if not Path(path).is_dir():
             raise SystemExit(f"--draft {item}: no draft directory at '{path}'")
         known[f"draft-{name}"] = ({}, ["--speculative.model", path])
+    for item in args.set:
+        name, _, text = item.partition("=")
+        known[name] = ({}, shlex.split(text))
     if args.cells:
         cells = [(cell.partition(":")[0], cell.partition(":")[2]) for cell in args.cells.split(",") if cell]
     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dynamo_spec.bench.speedups import BASELINE, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0
+from dynamo_spec.bench.speedups import BASELINE, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0, break_even_rate
 from dynamo_spec.config import schedule as schedules
 
 PRACTICAL_ROUNDS = 6  # beyond this the resolution text advises a quieter host, not more rounds
@@ -163,8 +163,8 @@ def _ms(p: Mapping[str, float | None]) -> str:
 def _latency(result: Mapping[str, Any]) -> list[str]:
     lines = ["## Latency and acceptance per cell (judge prompts)", "",
              "| column | c | tokens/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | e2e p50 s | "
-             "acceptance rate | mean acceptance length | per position | failed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "acceptance rate | mean acceptance length | per position | break-even rate | failed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, column in result["columns"].items():
         for c in result["settings"]["concurrency"]:
             cell = column["cells"].get("judge", {}).get(str(c))
@@ -174,7 +174,10 @@ def _latency(result: Mapping[str, Any]) -> list[str]:
                 f"| {name} | {c} | {fmt(cell['output_tokens_per_s'])} | {fmt(cell['requests_per_s'], '{:.2f}')} | "
                 f"{_ms(cell['ttft_s'])} | {_ms(cell['itl_s'])} | {fmt(cell['e2e_s']['p50'], '{:.2f}')} | "
                 f"{fmt(cell['acceptance_rate'], '{:.3f}')} | {fmt(cell['mean_acceptance_length'], '{:.2f}')} | "
-                f"{' / '.join(f'{p:.2f}' for p in cell['per_position_acceptance']) or '-'} | {cell['failed']} |")
+                f"{' / '.join(f'{p:.2f}' for p in cell['per_position_acceptance']) or '-'} | "
+                f"{fmt(break_even_rate(cell), '{:.3f}')} | {cell['failed']} |")
+    lines += ["", "Break-even rate: the acceptance rate at which the cell's speculation would just pay, the "
+              "cost of a draft token in plain steps (`speculative.guard.min_acceptance_rate`)."]
     return lines
 
 

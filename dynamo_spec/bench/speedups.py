@@ -50,6 +50,17 @@ def speedup(columns: Mapping[str, Any], name: str, split: str, c: int) -> float 
     return cell["output_tokens_per_s"] / base["output_tokens_per_s"]
 
 
+def break_even_rate(cell: Mapping[str, Any]) -> float | None:
+    """The acceptance rate at which this cell's speculation would just pay: the cost of one draft
+    token in plain steps, c. A step drafting k tokens a request costs 1 + c k plain steps and
+    yields L = 1 + r k tokens (r: acceptance rate), so speedup = L / (1 + c k); with r k = L - 1,
+    c = r (L / speedup - 1) / (L - 1). None without drafts or a speed-up."""
+    r, length, gain = cell.get("acceptance_rate"), cell.get("mean_acceptance_length"), cell.get("speedup")
+    if not r or not length or not gain or length <= 1 or any(map(math.isnan, (r, length, gain))):
+        return None
+    return r * (length / gain - 1) / (length - 1)
+
+
 def add_speedups(columns: dict[str, Any]) -> dict[str, Any]:
     """speedup = output tokens/s of the cell / that of its k=0 reference at the same concurrency and
     prompts, written into each cell; returns `columns`."""

@@ -193,6 +193,27 @@ class TenantSettings(_Section):
     )
 
 
+class GuardSettings(_Section):
+    """Speculation guard: drafting stops for the whole engine while acceptance has collapsed, with probes to resume.
+
+    A step drafting k tokens a request costs about 1 + c k plain steps and yields 1 + r k tokens
+    (r: acceptance rate), so it gains exactly when r > c: ``min_acceptance_rate`` is that break-even
+    c, which `dynamo-spec bench` reports per cell."""
+
+    enabled: bool = Field(False, description="Watch acceptance and fall back to k=0 when it collapses.")
+    min_acceptance_rate: float = Field(
+        0.12, ge=0, le=1, description="Fall back below this acceptance rate (accepted / drafted tokens) over the "
+        "window; a probe resumes at or above it. Default: the largest break-even rate the bench measured at "
+        "low load on bf16 CPU hosts (k=1-4 steps cost 0.07-0.14 of a plain step per draft token).",
+    )
+    window_draft_tokens: int = Field(1000, ge=1, description="Trailing window: the last this many drafted tokens.")
+    window_seconds: float = Field(
+        30.0, gt=0, description="Judge earlier, once the window spans this long and holds min_draft_tokens.")
+    min_draft_tokens: int = Field(100, ge=1, description="Fewest drafted tokens a judgement rests on.")
+    probe_interval_seconds: float = Field(30.0, gt=0, description="In fallback: how long before a probe.")
+    probe_draft_tokens: int = Field(200, ge=1, description="A probe drafts this many tokens, then judges them.")
+
+
 class SpeculativeSettings(_Section):
     enabled: bool = Field(True, description="Turn speculative decoding off to serve the target alone.")
     method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
@@ -212,6 +233,7 @@ class SpeculativeSettings(_Section):
         description="EAGLE-3: target layers whose hidden states feed the draft. vLLM reads them from the "
         "draft's config.json; when set here, preflight checks the draft agrees.",
     )
+    guard: GuardSettings = Field(default_factory=GuardSettings)
     tenants: dict[str, TenantSettings] = Field(
         default_factory=dict, description="Defaults per tenant, keyed by the value of the header "
         "metrics.tenant_header: {batch: {max_draft_tokens: 0}}.",

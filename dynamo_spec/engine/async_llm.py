@@ -16,6 +16,7 @@ from dynamo_spec.engine.args import build_engine_args
 from dynamo_spec.engine.host import detect_host, resolve_dtype
 from dynamo_spec.engine.process_env import prepare_engine_processes
 from dynamo_spec.engine.teardown import set_worker_timeout, shutdown_engine
+from dynamo_spec.vllm_patches.speculation_guard import GUARD_ENV, GuardConfig
 
 logger = logging.getLogger("dynamo_spec.engine.async_llm")
 
@@ -35,6 +36,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     prepare_engine_processes(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size,
                              cpu_preload=settings.engine.cpu_preload)
     set_worker_timeout(os.environ, settings.server.engine_stop_seconds)
+    set_guard(os.environ, settings)
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
@@ -48,6 +50,15 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
         yield engine
     finally:
         shutdown_engine(engine, settings.server.engine_stop_seconds)
+
+
+def set_guard(environ, settings: Settings) -> None:
+    """Hand the speculation guard's settings to the engine's processes (or none)."""
+    guard = settings.speculative.guard
+    if settings.speculative.enabled and guard.enabled:
+        environ[GUARD_ENV] = GuardConfig(**guard.model_dump(exclude={"enabled"})).to_env()
+    else:
+        environ.pop(GUARD_ENV, None)
 
 
 def stop_loading(grace: float = 5.0) -> int:

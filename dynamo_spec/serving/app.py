@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
+from dynamo_spec.serving import guard
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.serving.draft_caps import TenantDraftCaps
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
@@ -64,6 +65,8 @@ def create_app(
     attach_models(app)
     attach_completion(app)
     attach_chat(app)
+    app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=settings.server.api_key is not None,
+                                    metrics=metrics))
 
     @app.get("/live")
     async def live() -> Response:
@@ -96,7 +99,7 @@ def create_app(
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics,
                        tenant_caps=TenantDraftCaps.from_settings(settings))
     if settings.server.api_key is not None:
-        guarded = ("/v1", "/metrics") if settings.server.metrics_require_api_key else ("/v1",)
+        guarded = ("/v1", "/admin", "/metrics") if settings.server.metrics_require_api_key else ("/v1", "/admin")
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)
     if metrics is not None:
         # Outermost: it also counts the 401s of the API-key check and the refusals of admission.
@@ -117,7 +120,13 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
         asyncio.create_task(_watchdog(engine, on_engine_dead)),
         asyncio.create_task(log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
     ]
+    if metrics is not None and guard_enabled(settings):
+        app.state.background.append(asyncio.create_task(guard.poll(engine, metrics)))
     app.state.lifecycle.set_phase(Phase.READY)
+
+
+def guard_enabled(settings: Settings) -> bool:
+    return settings.speculative.enabled and settings.speculative.guard.enabled
 
 
 async def _watchdog(engine: Any, on_engine_dead: Callable[[], None]) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger("dynamo_spec.serving.metrics")
@@ -129,6 +129,44 @@ class _WindowCollector(Collector):
         return [rate, length, position, drafts]
 
 
+GUARD_STATES = ("speculating", "fallback", "probing")
+
+
+class _GuardCollector(Collector):
+    """The speculation guard's state and transitions, as last read from the engine
+    (``dynamo_spec.serving.guard`` polls it); nothing before the first reading."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.snapshot: dict | None = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        snap = self.snapshot
+        if snap is None:
+            return []
+        # PromQL (share of the last hour in fallback): avg_over_time(dynamo_spec_speculation_state{state="fallback"}[1h])
+        state = GaugeMetricFamily(
+            "dynamo_spec_speculation_state",
+            "The speculation guard's state: 1 for the current one (speculating, fallback: k capped at 0, probing).",
+            labels=["model", "state"],
+        )
+        for name in GUARD_STATES:
+            state.add_metric([self.model, name], 1.0 if snap["state"] == name else 0.0)
+        pinned = GaugeMetricFamily(
+            "dynamo_spec_speculation_state_pinned", "1 while an operator has pinned the guard's state.",
+            labels=["model"])
+        pinned.add_metric([self.model], 1.0 if snap.get("pinned") else 0.0)
+        # PromQL: increase(dynamo_spec_speculation_transitions_total{to="fallback"}[1h])
+        transitions = CounterMetricFamily(
+            "dynamo_spec_speculation_transitions", "Transitions of the speculation guard's state.",
+            labels=["model", "from", "to"])
+        for a in GUARD_STATES:
+            for b in GUARD_STATES:
+                if a != b:
+                    transitions.add_metric([self.model, a, b], snap["transitions"].get(f"{a}->{b}", 0))
+        return [state, pinned, transitions]
+
+
 class TenantLabels:
     """Maps a header value to a bounded set of label values."""
 
@@ -170,6 +208,8 @@ class DynamoSpecMetrics:
         self.window = SpecDecodeWindow(window_seconds, num_speculative_tokens, clock)
         self.tenants = TenantLabels(max_tenants)
         registry.register(_WindowCollector(self.window, model))
+        self._guard = _GuardCollector(model)
+        registry.register(self._guard)
 
         info = Gauge(
             "dynamo_spec_info",
@@ -280,6 +320,10 @@ class DynamoSpecMetrics:
                 pass
 
         return SpecDecodeStatLogger
+
+    def record_guard(self, snapshot: dict | None) -> None:
+        """The speculation guard's latest snapshot (None: no guard)."""
+        self._guard.snapshot = snapshot
 
     # --- per request ---------------------------------------------------------
 

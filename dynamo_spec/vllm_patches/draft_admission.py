@@ -20,9 +20,11 @@ vLLM drafts them). A cap source is a function ``(request, step) -> int | None``
 (:data:`CapSource`, ``None``: no cap); the sources are built once per scheduler by
 :func:`build_cap_sources`. The one source so far is the request's own
 ``SamplingParams.extra_args["max_draft_tokens"]`` (vLLM's OpenAI layer copies a
-request's ``vllm_xargs`` there; the server merges the tenant's default in). Engine-wide
-caps (a fallback when acceptance collapses, a confidence budget per step) are further
-sources in that list, given what they need through :class:`StepContext`.
+request's ``vllm_xargs`` there; the server merges the tenant's default in), then, when
+the server configured one (``speculation_guard.GUARD_ENV``), the speculation guard's
+engine-wide cap (0 while acceptance has collapsed). Further engine-wide caps (a
+confidence budget per step) are further sources in that list, given what they need
+through :class:`StepContext`.
 
 1. ``Scheduler._update_after_schedule`` (inside ``schedule``, before the async
    scheduler sets its placeholders): the step's k is lowered to the largest cap among
@@ -35,6 +37,12 @@ sources in that list, given what they need through :class:`StepContext`.
    before vLLM stores them.
 3. ``AsyncScheduler._update_after_schedule``: each request's placeholders are cut to
    its cap.
+4. ``Scheduler.make_spec_decoding_stats`` (called once per request whose drafts were
+   verified in a step, with the drafted and accepted counts): the counts also go to the
+   guard, whatever ``log_stats`` says.
+5. ``EngineCore.dynamo_spec_guard(state="")``: a utility method (the API process calls
+   it with ``call_utility_async``): the guard's state and figures, after forcing
+   ``state`` if one is given; None without a guard.
 
 A request whose cap is 0 is then verified as without speculation: its per-request stats
 (``metrics.speculative_decoding``) show no drafts, while the others in the same batch
@@ -65,13 +73,19 @@ UPSTREAM_SIGNATURES = {
     "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids": "(self, draft_token_ids)",
     "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule": "(self, scheduler_output)",
     "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule": "(self, scheduler_output)",
+    "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats":
+        "(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id)",
+    "vllm.v1.engine.core:EngineCoreProc._handle_client_request": "(self, request_type, request)",
 }
+# The EngineCore utility method this patch adds (the API process's name for it).
+GUARD_UTILITY = "dynamo_spec_guard"
 
 # The request field (in ``vllm_xargs``, i.e. ``SamplingParams.extra_args``).
 MAX_DRAFT_TOKENS = "max_draft_tokens"
 
 _PATCHED_ATTR = "_dynamo_spec_draft_admission"
 _SOURCES_ATTR = "_dynamo_spec_cap_sources"
+_GUARD_ATTR = "_dynamo_spec_guard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +114,16 @@ def request_cap(request: Any, step: StepContext) -> int | None:
 
 
 def build_cap_sources(scheduler: Any) -> tuple[CapSource, ...]:
-    """The cap sources of this scheduler's engine. Engine-wide caps that keep state (a
+    """The cap sources of this scheduler's engine. Engine-wide caps that keep state (the
     guard's trailing window, a confidence budget) are built here, one set per scheduler."""
-    return (request_cap,)
+    from dynamo_spec.vllm_patches.speculation_guard import GuardConfig, SpeculationGuard
+
+    sources: list[CapSource] = [request_cap]
+    config = GuardConfig.from_env()
+    if config is not None and getattr(scheduler, "num_spec_tokens", 0):
+        guard = scheduler.__dict__[_GUARD_ATTR] = SpeculationGuard(config)
+        sources.append(guard.cap)
+    return tuple(sources)
 
 
 def draft_cap(request: Any, step: StepContext, sources: Iterable[CapSource]) -> int | None:
@@ -132,6 +153,35 @@ def _sources(scheduler: Any) -> tuple[CapSource, ...]:
     if sources is None:
         sources = scheduler.__dict__[_SOURCES_ATTR] = build_cap_sources(scheduler)
     return sources
+
+
+def guard_of(scheduler: Any):
+    """The scheduler's speculation guard, or None."""
+    _sources(scheduler)
+    return scheduler.__dict__.get(_GUARD_ATTR)
+
+
+def _observed_by_the_guard(original):
+    @functools.wraps(original)
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        guard = guard_of(self)
+        if guard is not None:
+            invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
+            guard.observe(num_draft_tokens - invalid, num_accepted_tokens)
+        return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                        num_invalid_spec_tokens, request_id)
+
+    setattr(make_spec_decoding_stats, _PATCHED_ATTR, True)
+    return make_spec_decoding_stats
+
+
+def _guard_utility(self, state: str = "") -> dict | None:
+    """EngineCore utility: the guard's snapshot (after forcing ``state`` when given)."""
+    guard = guard_of(self.scheduler)
+    if guard is None:
+        return None
+    return guard.force(state) if state else guard.snapshot()
 
 
 def _update_draft_token_ids_capped(original):
@@ -204,6 +254,7 @@ def apply() -> list[str]:
         return []
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
 
     patched = []
     if _patch(Scheduler, "update_draft_token_ids", _update_draft_token_ids_capped):
@@ -212,4 +263,9 @@ def apply() -> list[str]:
         patched.append("Scheduler._update_after_schedule")
     if _patch(AsyncScheduler, "_update_after_schedule", _async_placeholders_capped):
         patched.append("AsyncScheduler._update_after_schedule")
+    if _patch(Scheduler, "make_spec_decoding_stats", _observed_by_the_guard):
+        patched.append("Scheduler.make_spec_decoding_stats")
+    if GUARD_UTILITY not in EngineCore.__dict__:
+        EngineCore.dynamo_spec_guard = _guard_utility
+        patched.append(f"EngineCore.{GUARD_UTILITY}")
     return patched

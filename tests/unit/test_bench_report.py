@@ -496,3 +496,15 @@ def test_url_mode_measures_each_concurrency_and_writes_its_json(monkeypatch, tmp
     assert saved["model"] == "served" and list(saved["cells"]) == ["1", "2"]
     assert saved["command"].split()[0] != "" and "/" not in saved["command"].split()[0]  # the program by name only
     assert "| 1 | 20.0 | 2.00 | 100 |" in capsys.readouterr().out
+
+
+def test_break_even_rate_is_the_draft_token_cost_the_speedup_implies():
+    from dynamo_spec.bench.speedups import break_even_rate
+
+    # k=3, a draft token costs c = 0.1 of a plain step, rate r = 0.3: L = 1.9, speed-up 1.9 / 1.3.
+    cell = {"acceptance_rate": 0.3, "mean_acceptance_length": 1.9, "speedup": 1.9 / 1.3}
+    assert break_even_rate(cell) == pytest.approx(0.1)
+    # Speculation that just pays has a break-even rate equal to its acceptance rate.
+    assert break_even_rate({**cell, "speedup": 1.0}) == pytest.approx(0.3)
+    for missing in ({"acceptance_rate": None}, {"mean_acceptance_length": 1.0}, {"speedup": None}):
+        assert break_even_rate({**cell, **missing}) is None

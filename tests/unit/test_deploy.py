@@ -25,6 +25,9 @@ METRICS = {
     "dynamo_spec_http_requests_total",
     "dynamo_spec_http_requests_in_flight",
     "dynamo_spec_info",
+    "dynamo_spec_speculation_state",
+    "dynamo_spec_speculation_state_pinned",
+    "dynamo_spec_speculation_transitions_total",
     "up",
 }
 HISTOGRAMS = {
@@ -101,6 +104,7 @@ def test_every_alert_fires_and_clears_in_unit_tests():
     assert alerts == {
         "DynamoSpecLowAcceptanceRate",
         "DynamoSpecSpeculationStopped",
+        "DynamoSpecSpeculationFallback",
         "DynamoSpecServerDown",
         "DynamoSpecHighErrorRate",
     }

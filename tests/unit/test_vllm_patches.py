@@ -37,7 +37,10 @@ ZERO_DRAFT_WRAPPED = ("vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
 # The methods draft_admission wraps, as its apply() names them.
 DRAFT_ADMISSION_WRAPPED = ("vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
                            "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule",
-                           "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule")
+                           "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule",
+                           "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats")
+# What draft_admission adds (no upstream original).
+DRAFT_ADMISSION_ADDED = ("vllm.v1.engine.core:EngineCore.dynamo_spec_guard",)
 
 
 def patch_module(name: str) -> Any:
@@ -170,6 +173,9 @@ def upstream_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         original = upstream(qualified)
         monkeypatch.setattr(_upstream.resolve(owner), name, original)
         state[qualified] = original
+    for qualified in DRAFT_ADMISSION_ADDED:
+        owner, name = qualified.rsplit(".", 1)
+        monkeypatch.delattr(_upstream.resolve(owner), name, raising=False)
     return state
 
 
@@ -238,11 +244,12 @@ def test_unchecked_vllm_draft_admission_changes_nothing(running, caplog, upstrea
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert draft_admission.apply() == []
     assert all(current(q) is upstream_state[q] for q in wrapped)
+    assert not any(hasattr(_upstream.resolve(q.rsplit(".", 1)[0]), q.rsplit(".", 1)[1]) for q in DRAFT_ADMISSION_ADDED)
     assert len(inactive_lines(caplog, draft_admission.__name__)) == 1
     assert len(caplog.records) == 1
 
     running("0.32.0")
-    assert draft_admission.apply() == [q.split(":")[1] for q in wrapped]
+    assert draft_admission.apply() == [q.split(":")[1] for q in wrapped + DRAFT_ADMISSION_ADDED]
     assert all(current(q) is not upstream_state[q] for q in wrapped)
     assert draft_admission.apply() == []  # idempotent
 
