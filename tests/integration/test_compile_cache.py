@@ -50,3 +50,11 @@ def test_second_start_loads_the_compiled_target_and_draft(tiny_models, tmp_path)
         counts = [json.loads(p.read_text()) for p in tmp_path.glob(f"{run}.*")]
         assert counts and sum(c["under_disable"] for c in counts) > 0, (run, counts)
         assert sum(c["outside_disable"] for c in counts) == 0, (run, counts)
+
+    saved = [p for p in (tmp_path / "vllm").rglob("*") if p.is_file() and "torch_aot_compile" in p.parts]
+    assert saved
+    for path in saved:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    third, third_log = start(spec, cache)
+    assert third_log.count("Compiling model again due to a load failure") == 2, third_log[-4000:]
+    assert third["phases"] == first["phases"]
