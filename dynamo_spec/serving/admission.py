@@ -17,7 +17,10 @@ An admitted request of a tenant with a default cap on draft tokens (``speculativ
 reaches vLLM with that default merged into its ``vllm_xargs`` (``draft_caps``).
 
 A generation request running past ``limits.request_timeout_seconds`` is aborted in
-the engine and answered 504, or ended with an error event if it was streaming.
+the engine and answered 504, or ended with an error event if it was streaming. A client
+that reads a stream too slowly to take that event within ``FINAL_SEND_SECONDS`` (its
+socket buffers full) has its connection closed instead: the timeout bounds how long a
+slow reader holds a request, whatever it reads.
 """
 
 from __future__ import annotations
@@ -41,6 +44,23 @@ logger = logging.getLogger("dynamo_spec.serving.admission")
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 # After a timeout, how long the app gets to abort the request and return.
 ABORT_WAIT_SECONDS = 10.0
+# After a timeout, how long a streaming client gets to take the error event.
+FINAL_SEND_SECONDS = 5.0
+
+
+class SlowReaderClosed(Exception):
+    """Raised to the HTTP server to close a connection whose client stopped taking data."""
+
+
+class _QuietSlowReaders(logging.Filter):
+    """uvicorn logs an exception that ends a response with a traceback; this one is ours and
+    already logged in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], SlowReaderClosed))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietSlowReaders())
 
 
 def openai_error(status: int, message: str, type_: str, param: str | None = None,
@@ -280,8 +300,14 @@ class AdmissionMiddleware:
             await openai_error(504, message, "TimeoutError")(scope, receive, send)
         else:  # streaming: end the stream with an error event, as vLLM does for errors mid-stream
             error = {"error": {"message": message, "type": "TimeoutError", "param": None, "code": 504}}
-            await send({"type": "http.response.body", "body": f"data: {json.dumps(error)}\n\n".encode(),
-                        "more_body": False})
+            event = {"type": "http.response.body", "body": f"data: {json.dumps(error)}\n\n".encode(),
+                     "more_body": False}
+            try:
+                await asyncio.wait_for(send(event), FINAL_SEND_SECONDS)
+            except asyncio.TimeoutError:
+                logger.warning("%s %s: the client takes the stream too slowly; closing its connection",
+                               scope["method"], scope["path"])
+                raise SlowReaderClosed(message) from None
 
 
 def _with_content_length(scope: Scope, length: int) -> Scope:

@@ -176,3 +176,46 @@ def test_a_tenant_default_is_merged_into_the_request_and_only_lowered_by_it(tena
 
 def test_no_tenant_defaults_no_merging():
     assert tenant_caps(chat=None) is None
+
+
+def test_a_stream_whose_client_takes_nothing_is_closed_after_the_timeout(monkeypatch, caplog):
+    """Past the timeout a stream ends with an error event; when the client's buffers are full
+    and that send blocks, the connection is closed after FINAL_SEND_SECONDS instead of held."""
+    import asyncio
+    import logging
+
+    from dynamo_spec.config.settings import LimitsSettings
+    from dynamo_spec.serving import admission
+    from dynamo_spec.serving.lifecycle import Lifecycle, Phase
+
+    monkeypatch.setattr(admission, "ABORT_WAIT_SECONDS", 0.1)
+    monkeypatch.setattr(admission, "FINAL_SEND_SECONDS", 0.2)
+    blocked = asyncio.Event()  # never set: the client reads nothing more
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while True:
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            await blocked.wait()
+
+    async def receive():
+        await asyncio.sleep(3600)
+
+    lifecycle = Lifecycle()
+    lifecycle.set_phase(Phase.READY)
+    middleware = admission.AdmissionMiddleware(app, lifecycle, LimitsSettings(request_timeout_seconds=0.2), None)
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": []}
+
+    async def scenario():
+        with pytest.raises(admission.SlowReaderClosed):
+            await asyncio.wait_for(middleware._run_in_time(scope, receive, send), 5)
+
+    with caplog.at_level(logging.WARNING, logger="dynamo_spec.serving.admission"):
+        asyncio.run(scenario())
+    assert "takes the stream too slowly; closing its connection" in caplog.text
+    record = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application", (),
+                               (admission.SlowReaderClosed, admission.SlowReaderClosed("x"), None))
+    assert not all(f.filter(record) for f in logging.getLogger("uvicorn.error").filters)  # no traceback
