@@ -202,9 +202,9 @@ class GuardSettings(_Section):
 
     enabled: bool = Field(False, description="Watch acceptance and fall back to k=0 when it collapses.")
     min_acceptance_rate: float = Field(
-        0.12, ge=0, le=1, description="Fall back below this acceptance rate (accepted / drafted tokens) over the "
-        "window; a probe resumes at or above it. Default: the largest break-even rate the bench measured at "
-        "low load on bf16 CPU hosts (k=1-4 steps cost 0.07-0.14 of a plain step per draft token).",
+        0.10, ge=0, le=1, description="Fall back below this acceptance rate (accepted / drafted tokens) over the "
+        "window; a probe resumes at or above it. Default: the break-even rate `dynamo-spec bench` measured for "
+        "the k=2-4 steps the CPU schedule drafts at one or two clients on bf16 CPU hosts (0.07-0.11).",
     )
     window_draft_tokens: int = Field(1000, ge=1, description="Trailing window: the last this many drafted tokens.")
     window_seconds: float = Field(

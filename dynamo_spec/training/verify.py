@@ -162,7 +162,7 @@ def _schedule(args: argparse.Namespace):
         from ..config import schedule as schedules
         from ..config.loader import load_settings
 
-        settings = load_settings(args.config)
+        settings = load_settings(args.config).settings
         torch_dtype = "bfloat16" if args.dtype == "bfloat16" else "float32"
         applied, _ = schedules.for_engine(settings, torch_dtype)
         return schedules.as_lists(applied) if applied else None

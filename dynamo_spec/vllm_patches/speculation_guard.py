@@ -47,7 +47,7 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class GuardConfig:
-    min_acceptance_rate: float = 0.12
+    min_acceptance_rate: float = 0.10
     window_draft_tokens: int = 1000
     window_seconds: float = 30.0
     min_draft_tokens: int = 100

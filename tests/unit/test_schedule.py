@@ -77,3 +77,16 @@ def test_raising_k_leaves_the_schedule_alone(repo_root):
     assert loaded.notes == ()
     file_value = load_settings(repo_root / CPU_CONFIG, [], {}).settings.speculative.num_speculative_tokens_per_batch_size
     assert loaded.settings.speculative.num_speculative_tokens_per_batch_size == file_value
+
+
+def test_verify_takes_the_schedule_a_config_applies_for_its_dtype():
+    import argparse
+    from pathlib import Path
+
+    from dynamo_spec.training.verify import _schedule
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "smollm2-135m-instruct-eagle3-cpu.yaml"
+    args = argparse.Namespace(schedule=None, config=config, dtype="bfloat16")
+    assert _schedule(args) == [[1, 1, 4], [2, 2, 2], [3, 11, 1], [12, 128, 0]]
+    assert _schedule(argparse.Namespace(schedule=None, config=config, dtype="float32"))[0] == [1, 5, 2]
+    assert _schedule(argparse.Namespace(schedule="[[1, 128, 2]]", config=None, dtype="bfloat16")) == [[1, 128, 2]]
