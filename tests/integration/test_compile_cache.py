@@ -12,7 +12,7 @@ import pytest
 
 from dynamo_spec.engine.host import on_cpu
 
-HOOK_WATCH = Path(__file__).parent / "hook_watch"
+HOOKS = Path(__file__).parent / "hooks"
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not on_cpu(), reason="the load failure it fixes is vLLM's CPU platform's")]
@@ -36,7 +36,7 @@ def test_second_start_loads_the_compiled_target_and_draft(tiny_models, tmp_path)
     cache = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
              # the worker in a process of its own, as in a server
              "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-             "PYTHONPATH": os.pathsep.join([str(HOOK_WATCH), os.environ.get("PYTHONPATH", "")])}
+             "PYTHONPATH": os.pathsep.join([str(HOOKS), os.environ.get("PYTHONPATH", "")])}
     requests = [{"prompt": p, "max_tokens": 12} for p in ("The capital of France is", "def fibonacci(n):")]
     spec = {"target": str(tiny_models["target"]), "draft": str(tiny_models["draft"]), "k": 3,
             "compiled": True, "phases": [requests]}

@@ -23,7 +23,7 @@ from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, co
 
 pytestmark = pytest.mark.integration
 
-HOOK_SLOW_EXIT = Path(__file__).parent / "hook_slow_exit"
+HOOKS = Path(__file__).parent / "hooks"
 
 
 def in_flight(server) -> float:
@@ -131,7 +131,7 @@ def test_serve_exits_only_after_its_processes_and_shared_memory_are_gone(tiny_mo
     host): past vLLM's default 5 s EngineCore was killed, leaving its shared memory behind.
     When serve has exited, nothing it started runs and /dev/shm holds nothing of theirs."""
     cfg = tiny_config(tiny_models["target"], tiny_models["draft"], engine={"enforce_eager": False})
-    env = {"PYTHONPATH": os.pathsep.join([str(HOOK_SLOW_EXIT), os.environ.get("PYTHONPATH", "")]),
+    env = {"PYTHONPATH": os.pathsep.join([str(HOOKS), os.environ.get("PYTHONPATH", "")]),
            "DYNAMO_SPEC_HOOK_SLOW_EXIT": "8"}
     with ServerProcess(cfg, tmp_path, env=env) as srv:
         watch = Watch(srv.proc.pid)

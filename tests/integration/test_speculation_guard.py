@@ -4,7 +4,7 @@ admin route).
 
 The fixed target always emits token 0 (support/tiny_models.py): the always-accepting draft
 proposes it at every position (rate 1), the never-accepting one never does (rate 0), and the
-hook in hook_reject/ turns the always-accepting draft into a rejecting one while a file exists.
+hook in hooks/ (DYNAMO_SPEC_HOOK_REJECT) turns the always-accepting draft into a rejecting one while a file exists.
 Each verified step drafts exactly k = 3 tokens a request, so vLLM's drafted-token counter
 tells exactly when the guard stopped drafting: after the window's 60 tokens, and after a
 probe's 30.
@@ -23,14 +23,14 @@ from tests.integration.test_operate import assert_openai_error
 
 pytestmark = pytest.mark.integration
 
-HOOK_REJECT = Path(__file__).parent / "hook_reject"
+HOOKS = Path(__file__).parent / "hooks"
 KEY = "guard-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # Long enough: a first prompt of 4 tokens or fewer crashes vLLM 0.32's AMX attention on head size 32
 # (the tiny fixtures) with SIGILL on some AMX hosts.
 PROMPT = "Tell me about the guard that watches the drafts of this server."
 GUARD = {"enabled": True, "min_acceptance_rate": 0.5, "window_draft_tokens": 60, "window_seconds": 600,
-         "min_draft_tokens": 20, "probe_interval_seconds": 8, "probe_draft_tokens": 30}
+         "min_draft_tokens": 20, "probe_interval_seconds": 12, "probe_draft_tokens": 30}
 
 
 def config(tiny_models, draft: str) -> dict:
@@ -101,7 +101,7 @@ def test_a_draft_that_is_never_accepted_falls_back_and_its_probe_falls_back_agai
 
 def test_an_accepted_draft_never_falls_back_until_it_is_swapped_then_the_probe_resumes(tiny_models, tmp_path):
     trigger = tmp_path / "reject"
-    env = {"PYTHONPATH": str(HOOK_REJECT), "DYNAMO_SPEC_HOOK_REJECT": str(trigger)}
+    env = {"PYTHONPATH": str(HOOKS), "DYNAMO_SPEC_HOOK_REJECT": str(trigger)}
     with ServerProcess(config(tiny_models, "always_draft"), tmp_path, env=env) as srv:
         complete(srv, 200)
         snap = guard(srv)
