@@ -45,9 +45,6 @@ async def poll(engine: Any, metrics: DynamoSpecMetrics, interval: float = POLL_S
 def router(enabled: bool, api_key_set: bool, metrics: DynamoSpecMetrics | None) -> APIRouter:
     r = APIRouter()
 
-    async def engine_of(request: Request) -> Any:
-        return request.app.state.engine
-
     def off() -> Response:
         return openai_error(404, "The speculation guard is off: set speculative.guard.enabled: true",
                             "NotFoundError")
@@ -55,7 +52,7 @@ def router(enabled: bool, api_key_set: bool, metrics: DynamoSpecMetrics | None) 
     @r.get(ROUTE)
     async def read(request: Request) -> Response:
         """The guard's state, window figures and transition counts."""
-        engine = await engine_of(request)
+        engine = request.app.state.engine
         if not enabled:
             return off()
         if engine is None:
@@ -78,7 +75,7 @@ def router(enabled: bool, api_key_set: bool, metrics: DynamoSpecMetrics | None) 
         state = body.get("state") if isinstance(body, dict) else None
         if state not in choices:
             return openai_error(400, f"'state' must be one of {', '.join(choices)}", "BadRequestError", "state")
-        engine = await engine_of(request)
+        engine = request.app.state.engine
         if engine is None:
             return openai_error(503, "The engine is not ready", "ServiceUnavailableError")
         snap = await snapshot(engine, state)
