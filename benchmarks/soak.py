@@ -93,7 +93,8 @@ def one(client: openai.OpenAI, model: str, kind: str, rng: random.Random) -> str
     except openai.APIStatusError as exc:
         return f"lost: {exc.status_code}"
     except openai.APIConnectionError as exc:
-        return f"lost: connection ({type(exc).__name__})"
+        cause = exc.__cause__ or exc.__context__
+        return f"lost: connection ({type(exc).__name__}: {type(cause).__name__}: {str(cause)[:80]})"
 
 
 def main() -> int:
