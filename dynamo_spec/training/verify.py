@@ -64,8 +64,11 @@ def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | No
 
     from .offline_llm import offline_llm, request_params
 
+    # The log-probs the greedy choice was made from (after the model's penalties), not vLLM's
+    # default raw ones: a margin is only meaningful on the distribution that chose.
     with offline_llm(target, draft=draft, k=k, dtype=dtype, generation_config=generation_config,
-                     max_num_seqs=concurrency or max(8, len(prompt_ids)), schedule=schedule) as llm:
+                     max_num_seqs=concurrency or max(8, len(prompt_ids)), schedule=schedule,
+                     logprobs_mode="processed_logprobs") as llm:
         params = request_params(llm, temperature=0.0, max_tokens=max_tokens, logprobs=5)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                             use_tqdm=False)
