@@ -34,7 +34,9 @@ def core_of(expr: str) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tiny_models, tmp_path_factory):
-    config = tiny_config(tiny_models["fixed_target"], tiny_models["partial_draft"], k=K)
+    # The guard on (it stays in `speculating` at this draft's rate), so its series and panels have data.
+    config = tiny_config(tiny_models["fixed_target"], tiny_models["partial_draft"], k=K,
+                         speculative={"guard": {"enabled": True}})
     server = ServerProcess(config, tmp_path_factory.mktemp("prom")).start()
     try:
         with PrometheusServer(f"127.0.0.1:{server.port}") as prometheus:
