@@ -127,14 +127,15 @@ def check_parallel(settings: Settings, on_cpu: bool, visible_gpus: int | None) -
     problems: list[Problem] = []
     ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size * engine.data_parallel_size
     layout = (f"engine.tensor_parallel_size {engine.tensor_parallel_size} x pipeline_parallel_size "
-              f"{engine.pipeline_parallel_size} x data_parallel_size {engine.data_parallel_size} = {ranks} GPUs")
-    if not on_cpu and visible_gpus is not None and ranks > visible_gpus:
-        if engine.distributed_executor_backend == "ray":
-            problems.append(Problem("warning", f"{layout}, this node shows {visible_gpus}: the Ray cluster must "
-                                               "provide the rest"))
-        else:
-            problems.append(Problem("error", f"{layout} but this machine shows {visible_gpus}; lower them, or "
-                                             "use engine.distributed_executor_backend: ray across nodes"))
+              f"{engine.pipeline_parallel_size} x data_parallel_size {engine.data_parallel_size} = {ranks} "
+              f"{'ranks' if on_cpu else 'GPUs'}")
+    if engine.distributed_executor_backend == "ray":
+        from dynamo_spec.config import ray_cluster
+
+        problems += ray_cluster.check(settings, on_cpu, ranks, layout)
+    elif not on_cpu and visible_gpus is not None and ranks > visible_gpus:
+        problems.append(Problem("error", f"{layout} but this machine shows {visible_gpus}; lower them, or "
+                                         "use engine.distributed_executor_backend: ray across nodes"))
     if spec.enabled and spec.draft_tensor_parallel_size is not None \
             and spec.draft_tensor_parallel_size > engine.tensor_parallel_size:
         problems.append(Problem("error", f"speculative.draft_tensor_parallel_size {spec.draft_tensor_parallel_size} "

@@ -90,7 +90,9 @@ def test_probes_ports_and_grace_match_the_server(rendered, name, tmp_path):
                                                     + settings.server.engine_stop_seconds)
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["dshm"] == "/dev/shm" and mounts["config"] == "/etc/dynamo-spec"
-    assert "--config /etc/dynamo-spec/config.yaml" in " ".join(container.get("args", []))
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    assert ("--config /etc/dynamo-spec/config.yaml" in " ".join(container.get("args", []))
+            or env.get("DYNAMO_SPEC_CONFIG") == "/etc/dynamo-spec/config.yaml")  # launch/ray_leader.sh
     (service,) = [d for d in docs if d["kind"] == "Service"]
     labels = _server_pod(docs)["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())

@@ -210,13 +210,28 @@ def test_parallel_layout_against_the_machine():
     assert problems({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == []
     (too_many,) = problems({"tensor_parallel_size": 4, "data_parallel_size": 2})
     assert too_many.startswith("error:") and "= 8 GPUs but this machine shows 4" in too_many
-    (ray,) = problems({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"})
-    assert ray.startswith("warning:") and "the Ray cluster must provide the rest" in ray
     assert problems({"tensor_parallel_size": 2}, on_cpu=True, gpus=None) == []  # CPU ranks are processes
     (draft,) = problems({"tensor_parallel_size": 2}, {"draft_tensor_parallel_size": 4})
     assert "draft_tensor_parallel_size 4 exceeds engine.tensor_parallel_size 2" in draft
     (schedule,) = problems({"data_parallel_size": 2}, {"num_speculative_tokens_per_batch_size": [[1, 256, 2]]})
     assert schedule.startswith("warning:") and "ignored with engine.data_parallel_size > 1" in schedule
+
+
+def test_ray_backend_is_checked_against_the_cluster_it_names(monkeypatch):
+    """The live-cluster checks run in tests/e2e/test_ray_cluster.py; here: an address nothing answers at."""
+    from dynamo_spec.config.preflight import check_parallel
+    from dynamo_spec.config.ray_cluster import platform_device
+    from dynamo_spec.config.settings import Settings
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # the discard port: nothing listens
+    settings = Settings(engine={"model": "m", "tensor_parallel_size": 8, "distributed_executor_backend": "ray"},
+                        speculative={"method": "eagle3", "model": "d"})
+    lines = [str(p) for p in check_parallel(settings, False, 1)]
+    assert lines[-1].startswith("error: engine.distributed_executor_backend ray: nothing answers at "
+                                "RAY_ADDRESS=127.0.0.1:9")
+    platform, device = platform_device()
+    assert any(f"cannot run its {platform} platform over Ray" in line for line in lines) == (not device)
+    assert not any("this machine shows 1" in line for line in lines)  # the cluster's GPUs count, not this node's
 
 
 def to_speculators_format(target: Path, draft: Path) -> None:
