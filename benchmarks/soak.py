@@ -51,16 +51,20 @@ def tiny_config(out: Path) -> Path:
     return path
 
 
-def tree(pid: int) -> tuple[int, int]:
-    """RSS (bytes) and open file descriptors of the process and its descendants."""
+def tree(pid: int) -> tuple[int, int, dict[str, int]]:
+    """RSS (bytes) and open file descriptors of the process and its descendants, and RSS by process."""
     rss = fds = 0
+    each: dict[str, int] = {}
     for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
         try:
-            rss += proc.memory_info().rss
+            mem = proc.memory_info().rss
             fds += proc.num_fds()
+            rss += mem
+            name = "server" if proc.pid == pid else proc.name()
+            each[name] = each.get(name, 0) + mem
         except psutil.Error:
             pass
-    return rss, fds
+    return rss, fds, each
 
 
 def counter(text: str, prefix: str) -> float:
@@ -130,21 +134,23 @@ def main() -> int:
                     outcomes[kind] += 1
                     if result != "ok":
                         lost[f"{kind}: {result}"] += 1
+            client.close()  # its pooled connection too: the descriptors at the end are the server's own
 
         pid = server.proc.pid
-        start_rss, start_fds = tree(pid)
+        start_rss, start_fds, start_each = tree(pid)
         threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(args.concurrency)]
         t0 = time.monotonic()
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
             time.sleep(60 if time.monotonic() + 60 < stop else 5)
-            rss, fds = tree(pid)
+            rss, fds, each = tree(pid)
             samples.append({"minute": round((time.monotonic() - t0) / 60, 1), "rss_gib": round(rss / 2**30, 3),
-                            "fds": fds, "requests": sum(outcomes.values())})
+                            "fds": fds, "requests": sum(outcomes.values()),
+                            "rss_mib": {name: round(mem / 2**20) for name, mem in each.items()}})
             print(json.dumps(samples[-1]), flush=True)
         time.sleep(2)
-        end_rss, end_fds = tree(pid)
+        end_rss, end_fds, end_each = tree(pid)
         text = requests.get(server.url + "/metrics", timeout=10).text
         ours = (counter(text, "dynamo_spec_draft_tokens_total{"), counter(text, "dynamo_spec_accepted_tokens_total{"))
         vllm = (counter(text, "vllm:spec_decode_num_draft_tokens_total{"),
@@ -153,6 +159,8 @@ def main() -> int:
     result = {"config": str(config), "minutes": args.minutes, "concurrency": args.concurrency,
               "requests": dict(outcomes), "lost": dict(lost),
               "rss_gib": {"start": round(start_rss / 2**30, 3), "end": round(end_rss / 2**30, 3)},
+              "rss_mib_by_process": {"start": {k: round(v / 2**20) for k, v in start_each.items()},
+                                     "end": {k: round(v / 2**20) for k, v in end_each.items()}},
               "fds": {"start": start_fds, "end": end_fds}, "health_at_end": health,
               "draft_tokens": {"dynamo_spec": ours[0], "vllm": vllm[0]},
               "accepted_tokens": {"dynamo_spec": ours[1], "vllm": vllm[1]}, "samples": samples}

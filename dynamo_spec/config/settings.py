@@ -104,6 +104,10 @@ class ServerSettings(_Section):
         30.0, ge=6, description="After the drain: how long the engine's processes get to exit before they are "
         "killed (its workers get all but 5 s of it). A compiled engine's exit can take 10 s on a busy CPU host.",
     )
+    keep_alive_seconds: float = Field(
+        75.0, gt=0, description="How long an idle HTTP connection is kept open for the client's next request. Longer "
+                                "than clients and load balancers keep theirs (httpx 5 s, AWS ALB 60 s), so the server "
+                                "never closes one that a client is reusing at that moment.")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     frontend: dict[str, Any] = Field(
         default_factory=dict, description="vLLM OpenAI-frontend options, as `vllm serve` flags in snake_case: "

@@ -118,7 +118,8 @@ async def serve(settings: Settings) -> int:
     lifecycle = Lifecycle()
     app = create_app(settings, lifecycle, metrics, metrics_registries=[registry, REGISTRY])
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                            log_level=settings.server.log_level, timeout_graceful_shutdown=CLOSE_SECONDS)
+                            log_level=settings.server.log_level, timeout_graceful_shutdown=CLOSE_SECONDS,
+                            timeout_keep_alive=settings.server.keep_alive_seconds)
     server = DrainingServer(config, lifecycle, grace=settings.server.shutdown_grace_seconds)
     app.state.server = server  # vLLM's engine-error handler stops the server through it
 

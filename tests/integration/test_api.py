@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
+import time
 
 import openai
 import pytest
@@ -176,6 +178,21 @@ def test_unknown_route_and_wrong_method_are_openai_shaped(server):
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
     r = requests.get(server.url + "/v1/chat/completions", headers=headers, timeout=10)
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive(server):
+    """Idle past httpx's 5 s (the openai client's pool), the connection is still open: the server never
+    closes one at the moment a client reuses it ("Server disconnected without sending a response")."""
+    connection = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=10)
+    try:
+        for _ in range(2):
+            connection.request("GET", "/health")
+            response = connection.getresponse()
+            assert response.status == 200 and response.read()
+            time.sleep(6)
+        assert connection.sock is not None  # the same connection served both
+    finally:
+        connection.close()
 
 
 def test_api_key_is_required_on_v1_only(server):
