@@ -104,6 +104,9 @@ def register(subparsers) -> None:
                    "vllm: vLLM's neutral ones (default: auto)")
     e.add_argument("--max-tokens", type=int, default=128, help="new tokens (acceptance)")
     e.add_argument("--speed-max-tokens", type=int, default=64, help="new tokens (speed)")
+    e.add_argument("--calibration", action="store_true",
+                   help="also tabulate the draft's own confidence in each token against what the "
+                   "target accepted (deciles, Brier score, calibration error, AUC)")
     e.add_argument("--json", type=Path, help="also write the results here")
     e.set_defaults(func=_eval_draft)
 
@@ -150,7 +153,8 @@ def _eval_draft(args: argparse.Namespace) -> int:
                             speed_runs=args.speed_runs, max_tokens=args.max_tokens,
                             speed_max_tokens=args.speed_max_tokens,
                             temperatures=args.temperatures,
-                            generation_config=args.generation_config)
+                            generation_config=args.generation_config,
+                            calibration=args.calibration)
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

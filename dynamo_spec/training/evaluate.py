@@ -11,18 +11,25 @@ drafts), from vLLM's per-request speculative metrics summed over the prompts. Be
 each: the answers' degeneration (``degeneration``: repeated 4-gram share, looping
 answers) and the acceptance on the answers that do not loop, since a loop is easy to
 predict and inflates acceptance.
+Calibration (``calibration=True``): the draft's own confidence in each token it proposed
+against what the target accepted, per k and sampling setting (:mod:`.calibration`).
 Speed: tokens/s at batch 1 (prompts one after another) and batch 8 (one batch), with
 and without speculation, median of ``runs``; the two engines run back to back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 from .answers import chat_prompt_ids
+from .calibration import calibration as calibrate
+from .calibration import count_lines, format_calibration, read_log
 from .degeneration import degeneration
 from .offline_llm import offline_llm, request_params
 from .rows import interleave_sources, read_jsonl
@@ -118,27 +125,33 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
                    ks=(1, 2, 3, 4, 5), speed_k: int = 3, speed_prompts: int = 8,
                    speed_runs: int = 3, max_tokens: int = 128,
                    speed_max_tokens: int = 64, temperatures=(DEFAULT, 0.0),
-                   generation_config: str = "auto") -> dict:
+                   generation_config: str = "auto", calibration: bool = False) -> dict:
     """Acceptance and degeneration for each k in ``ks`` and each of ``temperatures``
     (:data:`DEFAULT` or a temperature; all ``n`` prompts in one batch), then, when
     ``speed_runs`` > 0, tokens/s (temperature 0) without speculation and with k =
     ``speed_k``. ``generation_config``: ``auto`` applies the model's sampling defaults,
-    ``vllm`` drops them (vLLM's engine option)."""
+    ``vllm`` drops them (vLLM's engine option). ``calibration``: also record the draft's
+    confidences and tabulate them against acceptance."""
     sources, prompts = held_out_prompts(target, prompts_path, n)
     result: dict = {"n_prompts": len(prompts), "max_tokens": max_tokens, "acceptance": [],
                     "generation_config": generation_config}
     for k in ks:
-        with offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
-                         per_request_spec_decode_metrics="summary",
-                         generation_config=generation_config) as llm:
+        with _confidence_log(calibration) as log, \
+                offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
+                            per_request_spec_decode_metrics="summary",
+                            generation_config=generation_config) as llm:
             result["model_defaults"] = llm.model_config.get_diff_sampling_param()
             for temperature in temperatures:
                 t0 = time.monotonic()
+                start = count_lines(log) if log else 0
                 outputs = _generate(llm, prompts, max_tokens, temperature)
                 acc = {"temperature": temperature, **_measure(outputs, sources, k)}
+                if log:
+                    acc["calibration"] = calibrate(read_log(log, start))
                 acc["seconds"] = round(time.monotonic() - t0, 1)
                 result["acceptance"].append(acc)
-                logger.info("k=%d %s: %s", k, _label(temperature), acc)
+                logger.info("k=%d %s: %s", k, _label(temperature),
+                            {key: value for key, value in acc.items() if key != "calibration"})
     if speed_runs:
         fast = prompts[:speed_prompts]
         result["speed_max_tokens"] = speed_max_tokens
@@ -150,6 +163,30 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
             result["speed_spec"] = {"k": speed_k,
                                     **speed(llm, fast, speed_max_tokens, speed_runs)}
     return result
+
+
+@contextlib.contextmanager
+def _confidence_log(enabled: bool):
+    """A fresh confidence log for the engine started inside (its processes inherit the
+    variables), or None; the variables are restored after."""
+    if not enabled:
+        yield None
+        return
+    from ..vllm_patches.draft_admission import CONFIDENCE_LOG_ENV
+    from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
+
+    with tempfile.TemporaryDirectory(prefix="dynamo-spec-calibration-") as tmp:
+        log = Path(tmp) / "confidence.jsonl"
+        saved = {name: os.environ.get(name) for name in (CONFIDENCE_ENV, CONFIDENCE_LOG_ENV)}
+        os.environ.update({CONFIDENCE_ENV: "1", CONFIDENCE_LOG_ENV: str(log)})
+        try:
+            yield log
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _label(temperature) -> str:
@@ -183,6 +220,9 @@ def format_report(result: dict) -> str:
             lines.append(f"| {src} | {first['n']} | " + " | ".join(
                 f"{c['mean_acceptance_length']:.2f} ({c['repeated_ngram_share']:.0%})"
                 for c in cells) + " |")
+    for a in result["acceptance"]:
+        if "calibration" in a:
+            lines += [""] + format_calibration(a["calibration"], f", k={a['k']} {_label(a['temperature'])}")
     if "speed_spec" in result:
         base, spec = result["speed_no_spec"], result["speed_spec"]
         lines += ["", (f"tokens/s, median of {len(base['batch1_runs'])} runs, "

@@ -22,7 +22,8 @@ PLUGIN_NAME = "dynamo_spec_cpu_fixes"
 # "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
 ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
 # The patch modules (each with CHECKED_ON and UPSTREAM_SIGNATURES).
-PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "draft_admission", "zen_platform")
+PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "draft_admission", "draft_confidence",
+           "zen_platform")
 
 
 def register() -> None:
@@ -59,6 +60,13 @@ def register() -> None:
     except Exception:
         logger.exception("dynamo-spec: could not install the per-request draft caps; "
                          "every request drafts the step's k")
+    try:
+        from dynamo_spec.vllm_patches import draft_confidence
+
+        if patched := draft_confidence.apply():
+            logger.debug("dynamo-spec: draft confidence: patched %s", ", ".join(patched))
+    except Exception:
+        logger.exception("dynamo-spec: could not install the draft confidences; drafts are not trimmed by them")
     if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
         return
     try:

@@ -39,7 +39,10 @@ through :class:`StepContext`.
    its cap.
 4. ``Scheduler.make_spec_decoding_stats`` (called once per request whose drafts were
    verified in a step, with the drafted and accepted counts): the counts also go to the
-   guard, whatever ``log_stats`` says.
+   guard, whatever ``log_stats`` says; where the drafts came with confidences
+   (``draft_confidence``) and ``DYNAMO_SPEC_CONFIDENCE_LOG`` names a file
+   (:data:`CONFIDENCE_LOG_ENV`), one JSON line per verified draft: the confidences of the
+   tokens verified and how many were accepted (``eval-draft --calibration`` reads them).
 5. ``EngineCore.dynamo_spec_guard(state="")``: a utility method (the API process calls
    it with ``call_utility_async``): the guard's state and figures, after forcing
    ``state`` if one is given; None without a guard.
@@ -61,11 +64,14 @@ a plugin add engine-wide caps at the same place.
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dynamo_spec.vllm_patches._upstream import checked
+from dynamo_spec.vllm_patches.draft_confidence import confidences_of
 
 CHECKED_ON = ("0.32.0",)
 # The upstream methods this patch wraps, with the parameters it was written for.
@@ -86,6 +92,10 @@ MAX_DRAFT_TOKENS = "max_draft_tokens"
 _PATCHED_ATTR = "_dynamo_spec_draft_admission"
 _SOURCES_ATTR = "_dynamo_spec_cap_sources"
 _GUARD_ATTR = "_dynamo_spec_guard"
+_CONFIDENCE_ATTR = "_dynamo_spec_draft_confidence"  # on a Request: its stored drafts' confidences
+_LOG_ATTR = "_dynamo_spec_confidence_log"
+# A file: each verified draft with confidences is appended as {"confidence": [...], "accepted": n}.
+CONFIDENCE_LOG_ENV = "DYNAMO_SPEC_CONFIDENCE_LOG"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,14 +171,27 @@ def guard_of(scheduler: Any):
     return scheduler.__dict__.get(_GUARD_ATTR)
 
 
-def _observed_by_the_guard(original):
+def _confidence_log(scheduler: Any):
+    """The scheduler's open confidence log (line-buffered), or None where none is asked for."""
+    if _LOG_ATTR not in scheduler.__dict__:
+        path = os.environ.get(CONFIDENCE_LOG_ENV)
+        scheduler.__dict__[_LOG_ATTR] = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+    return scheduler.__dict__[_LOG_ATTR]
+
+
+def _observed(original):
     @functools.wraps(original)
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         guard = guard_of(self)
+        invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
         if guard is not None:
-            invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
             guard.observe(num_draft_tokens - invalid, num_accepted_tokens)
+        request = self.requests.get(request_id)
+        confidence = getattr(request, _CONFIDENCE_ATTR, None)
+        if confidence and num_draft_tokens and not invalid and (log := _confidence_log(self)) is not None:
+            log.write(json.dumps({"confidence": [round(c, 5) for c in confidence[:num_draft_tokens]],
+                                  "accepted": num_accepted_tokens}) + "\n")
         return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                         num_invalid_spec_tokens, request_id)
 
@@ -188,14 +211,17 @@ def _update_draft_token_ids_capped(original):
     @functools.wraps(original)
     def update_draft_token_ids(self, draft_token_ids) -> None:
         lists = draft_token_ids.draft_token_ids
+        confidences = confidences_of(draft_token_ids) or [None] * len(lists)
         step = StepContext(num_requests=len(lists), k=max((len(ids) for ids in lists), default=0))
         if step.k:
             sources = _sources(self)
             capped = []
-            for req_id, ids in zip(draft_token_ids.req_ids, lists):
+            for req_id, ids, confidence in zip(draft_token_ids.req_ids, lists, confidences):
                 request = self.requests.get(req_id)
                 cap = draft_cap(request, step, sources) if request is not None else None
                 capped.append(ids[:cap] if cap is not None and cap < len(ids) else ids)
+                if request is not None:
+                    setattr(request, _CONFIDENCE_ATTR, confidence)
             draft_token_ids = type(draft_token_ids)(draft_token_ids.req_ids, capped)
         return original(self, draft_token_ids)
 
@@ -263,7 +289,7 @@ def apply() -> list[str]:
         patched.append("Scheduler._update_after_schedule")
     if _patch(AsyncScheduler, "_update_after_schedule", _async_placeholders_capped):
         patched.append("AsyncScheduler._update_after_schedule")
-    if _patch(Scheduler, "make_spec_decoding_stats", _observed_by_the_guard):
+    if _patch(Scheduler, "make_spec_decoding_stats", _observed):
         patched.append("Scheduler.make_spec_decoding_stats")
     if GUARD_UTILITY not in EngineCore.__dict__:
         EngineCore.dynamo_spec_guard = _guard_utility

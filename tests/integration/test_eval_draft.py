@@ -72,3 +72,37 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
         assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
     assert "| 3 | 0 | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 | 96.7% | 3 / 3 | - (0) |" in result.stdout
     assert "| b | 2 | 2.00 (97%) |" in result.stdout and "| 4.00 (97%) |" in result.stdout
+
+
+def test_calibration_records_each_verified_draft_with_the_drafts_own_probabilities(tiny_models, tmp_path):
+    """The partial draft proposes target token 0 with all-zero draft logits at its first position
+    (probability exactly 1 / draft vocabulary: its confidence) and another token after that:
+    every draft of k=3 has its first token accepted and its second rejected. The log must hold
+    each verified draft once (vLLM's own count), those probabilities and those verdicts."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "source": "a", "split": "eval",
+                                           "messages": [{"role": "user", "content": text}]}) + "\n"
+                               for i, text in enumerate(["Tell me about the sea.", "def add(a, b):"])))
+    out = tmp_path / "result.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "dynamo_spec", "eval-draft", "--target", str(tiny_models["fixed_target"]),
+         "--draft", str(tiny_models["partial_draft"]), "--prompts", str(prompts), "--k", "3",
+         "--temperatures", "0", "--max-tokens", "33", "--speed-runs", "0", "--calibration", "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    acceptance = json.loads(out.read_text())["acceptance"][0]
+    calibration = acceptance["calibration"]
+    draft_vocab = json.loads((tiny_models["partial_draft"] / "config.json").read_text())["draft_vocab_size"]
+    # 33 tokens: 1 from the prefill, then 16 steps of 2 (one accepted, the bonus token) per prompt.
+    assert acceptance["drafts"] == 2 * 16
+    assert calibration["drafts"] == acceptance["drafts"]
+    token, survival = calibration["token"], calibration["survival"]
+    assert survival["n"] == 3 * acceptance["drafts"]  # every verified token of every draft
+    first, second = token["by_position"]  # judged: the first token, and the second after it
+    assert (first["n"], first["observed"]) == (32, 1.0)
+    assert first["predicted"] == pytest.approx(1 / draft_vocab, abs=1e-5)
+    assert (second["n"], second["observed"]) == (32, 0.0)
+    assert second["predicted"] > first["predicted"]  # this fixture is confidently wrong after its first token
+    assert [p["observed"] for p in survival["by_position"]] == [1.0, 0.0, 0.0]
+    assert "draft confidence against acceptance, k=3 0: 32 verified drafts" in result.stdout

@@ -23,6 +23,7 @@ from dynamo_spec.vllm_patches import (  # noqa: E402
     compile_cache,
     cpu_expand_kernel,
     draft_admission,
+    draft_confidence,
     zen_platform,
     zero_draft_steps,
 )
@@ -39,6 +40,10 @@ DRAFT_ADMISSION_WRAPPED = ("vllm.v1.core.sched.scheduler:Scheduler.update_draft_
                            "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule",
                            "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule",
                            "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats")
+# The methods draft_confidence wraps (when its variable asks for it), as its apply() names them.
+DRAFT_CONFIDENCE_WRAPPED = ("vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._greedy_sample",
+                            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
+                            "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids")
 # What draft_admission adds (no upstream original).
 DRAFT_ADMISSION_ADDED = ("vllm.v1.engine.core:EngineCore.dynamo_spec_guard",)
 
@@ -168,7 +173,7 @@ def upstream_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(compile_cache, "_original_deserialize", None)
     state["deserialize"] = deserialize
 
-    for qualified in ZERO_DRAFT_WRAPPED + DRAFT_ADMISSION_WRAPPED:
+    for qualified in ZERO_DRAFT_WRAPPED + DRAFT_ADMISSION_WRAPPED + DRAFT_CONFIDENCE_WRAPPED:
         owner, name = qualified.rsplit(".", 1)
         original = upstream(qualified)
         monkeypatch.setattr(_upstream.resolve(owner), name, original)
@@ -252,6 +257,25 @@ def test_unchecked_vllm_draft_admission_changes_nothing(running, caplog, upstrea
     assert draft_admission.apply() == [q.split(":")[1] for q in wrapped + DRAFT_ADMISSION_ADDED]
     assert all(current(q) is not upstream_state[q] for q in wrapped)
     assert draft_admission.apply() == []  # idempotent
+
+
+def test_draft_confidence_installs_only_where_asked_and_on_a_checked_vllm(running, caplog, upstream_state,
+                                                                         monkeypatch) -> None:
+    wrapped = DRAFT_CONFIDENCE_WRAPPED
+    running("0.32.0")
+    monkeypatch.delenv(draft_confidence.CONFIDENCE_ENV, raising=False)
+    assert draft_confidence.apply() == []  # not asked: drafting stays vLLM's own
+    monkeypatch.setenv(draft_confidence.CONFIDENCE_ENV, "1")
+    running(UNCHECKED)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert draft_confidence.apply() == []
+    assert all(current(q) is upstream_state[q] for q in wrapped)
+    assert len(inactive_lines(caplog, draft_confidence.__name__)) == 1
+
+    running("0.32.0")
+    assert draft_confidence.apply() == [q.split(":")[1] for q in wrapped]
+    assert all(current(q) is not upstream_state[q] for q in wrapped)
+    assert draft_confidence.apply() == []  # idempotent
 
 
 def test_unchecked_vllm_the_zen_platform_plugin_names_nothing(running, caplog, monkeypatch) -> None:
