@@ -69,3 +69,13 @@ def bare_signature(obj: Any) -> str:
     sig = inspect.signature(obj)
     params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
     return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def wrap_method(owner: type, name: str, wrapper, marker: str) -> bool:
+    """Replace ``owner``'s own ``name`` by ``wrapper(original)`` once: False where the class does not
+    define it or it already carries ``marker`` (set by the wrapper), so applying twice is harmless."""
+    current = owner.__dict__.get(name)
+    if current is None or getattr(current, marker, False):
+        return False
+    setattr(owner, name, wrapper(current))
+    return True

@@ -70,7 +70,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo_spec.vllm_patches._upstream import checked
+from dynamo_spec.vllm_patches._upstream import checked, wrap_method
 from dynamo_spec.vllm_patches.draft_confidence import confidences_of
 
 CHECKED_ON = ("0.32.0",)
@@ -267,11 +267,7 @@ def _async_placeholders_capped(original):
 
 
 def _patch(owner: type, name: str, wrapper) -> bool:
-    current = owner.__dict__.get(name)
-    if current is None or getattr(current, _PATCHED_ATTR, False):
-        return False
-    setattr(owner, name, wrapper(current))
-    return True
+    return wrap_method(owner, name, wrapper, _PATCHED_ATTR)
 
 
 def apply() -> list[str]:

@@ -34,7 +34,7 @@ import functools
 import os
 from typing import Any
 
-from dynamo_spec.vllm_patches._upstream import checked
+from dynamo_spec.vllm_patches._upstream import checked, wrap_method
 
 CHECKED_ON = ("0.32.0",)
 UPSTREAM_SIGNATURES = {
@@ -118,11 +118,7 @@ def _take_draft_token_ids_with_confidence(original):
 
 
 def _patch(owner: type, name: str, wrapper) -> bool:
-    current = owner.__dict__.get(name)
-    if current is None or getattr(current, _PATCHED_ATTR, False):
-        return False
-    setattr(owner, name, wrapper(current))
-    return True
+    return wrap_method(owner, name, wrapper, _PATCHED_ATTR)
 
 
 def apply() -> list[str]:
