@@ -220,7 +220,7 @@ def _update_draft_token_ids_capped(original):
                 request = self.requests.get(req_id)
                 cap = draft_cap(request, step, sources) if request is not None else None
                 capped.append(ids[:cap] if cap is not None and cap < len(ids) else ids)
-                if request is not None:
+                if request is not None and confidence is not None:
                     setattr(request, _CONFIDENCE_ATTR, confidence)
             draft_token_ids = type(draft_token_ids)(draft_token_ids.req_ids, capped)
         return original(self, draft_token_ids)
