@@ -218,6 +218,43 @@ class GuardSettings(_Section):
     probe_draft_tokens: int = Field(200, ge=1, description="A probe drafts this many tokens, then judges them.")
 
 
+# Methods whose drafts come with the draft's own probabilities (dynamo_spec/vllm_patches/draft_confidence.py).
+CONFIDENCE_METHODS = {"eagle", "eagle3", "draft_model"}
+
+
+class DraftBudgetSettings(_Section):
+    """Confidence draft budget: per step, verify only the draft tokens likely to be accepted.
+
+    Each draft token's chance of surviving verification (the draft's own probabilities, calibrated
+    online against what the target accepts) is weighed against the cost of verifying it; across the
+    step's requests the best tokens are kept while each adds more than it costs. The batch-size
+    schedule still caps k: the budget trims below it."""
+
+    enabled: bool = Field(False, description="Trim each request's drafts to those worth verifying.")
+    draft_token_cost: list[tuple[int, float]] = Field(
+        default_factory=lambda: [[1, 0.12], [4, 0.12], [8, 0.25], [16, 0.35], [32, 0.38]],
+        description="Cost of verifying one more draft token, in plain steps per request (the break-even "
+        "acceptance of that token), at [requests in a step, cost] points; linear between them, flat beyond. "
+        "`dynamo-spec bench` measures it per concurrency ('verify cost': k=1 against the speculative engine at k=0).",
+    )
+    min_observations: int = Field(8, ge=0, description="Verify a draft token whose (position, confidence decile) "
+                                  "cell holds fewer judgements than this, to learn its acceptance.")
+    explore_every: int = Field(64, ge=0, description="Verify every this-many-th draft whole, so the calibration "
+                               "follows drift (0: never).")
+
+    @field_validator("draft_token_cost")
+    @classmethod
+    def _ascending_points(cls, points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        if not points:
+            raise ValueError("give at least one [requests, cost] point")
+        xs = [x for x, _ in points]
+        if any(x < 1 for x in xs) or xs != sorted(set(xs)):
+            raise ValueError(f"requests must be 1 or more and strictly ascending, got {xs}")
+        if any(not 0 <= c <= 10 for _, c in points):
+            raise ValueError("each cost must be between 0 and 10 plain steps")
+        return points
+
+
 class SpeculativeSettings(_Section):
     enabled: bool = Field(True, description="Turn speculative decoding off to serve the target alone.")
     method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
@@ -238,6 +275,7 @@ class SpeculativeSettings(_Section):
         "draft's config.json; when set here, preflight checks the draft agrees.",
     )
     guard: GuardSettings = Field(default_factory=GuardSettings)
+    draft_budget: DraftBudgetSettings = Field(default_factory=DraftBudgetSettings)
     tenants: dict[str, TenantSettings] = Field(
         default_factory=dict, description="Defaults per tenant, keyed by the value of the header "
         "metrics.tenant_header: {batch: {max_draft_tokens: 0}}.",
@@ -304,6 +342,20 @@ class Settings(BaseSettings):
                 f"speculative.model: method '{spec.method}' needs a draft checkpoint: set speculative.model "
                 "(or speculative.enabled: false to serve without speculation)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _draft_budget_has_confidences(self) -> Settings:
+        spec = self.speculative
+        if spec.enabled and spec.draft_budget.enabled:
+            if spec.method not in CONFIDENCE_METHODS:
+                raise ValueError(f"speculative.draft_budget: needs the draft's probabilities, which method "
+                                 f"'{spec.method}' does not give (use one of {', '.join(sorted(CONFIDENCE_METHODS))}, "
+                                 "or draft_budget.enabled: false)")
+            if self.engine.extra.get("async_scheduling"):
+                raise ValueError("speculative.draft_budget: trims drafts in the scheduler, which asynchronous "
+                                 "scheduling bypasses: set engine.extra.async_scheduling: false, or "
+                                 "draft_budget.enabled: false")
         return self
 
     @model_validator(mode="after")

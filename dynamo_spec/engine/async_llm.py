@@ -16,6 +16,8 @@ from dynamo_spec.engine.args import build_engine_args
 from dynamo_spec.engine.host import detect_host, resolve_dtype
 from dynamo_spec.engine.process_env import prepare_engine_processes
 from dynamo_spec.engine.teardown import set_worker_timeout, shutdown_engine
+from dynamo_spec.vllm_patches.draft_budget import BUDGET_ENV, BudgetConfig
+from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_ENV
 from dynamo_spec.vllm_patches.speculation_guard import GUARD_ENV, GuardConfig
 
 logger = logging.getLogger("dynamo_spec.engine.async_llm")
@@ -36,7 +38,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     prepare_engine_processes(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size,
                              cpu_preload=settings.engine.cpu_preload)
     set_worker_timeout(os.environ, settings.server.engine_stop_seconds)
-    set_guard(os.environ, settings)
+    set_speculation_controls(os.environ, settings)
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
@@ -52,13 +54,23 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
         shutdown_engine(engine, settings.server.engine_stop_seconds)
 
 
-def set_guard(environ, settings: Settings) -> None:
-    """Hand the speculation guard's settings to the engine's processes (or none)."""
+def set_speculation_controls(environ, settings: Settings) -> None:
+    """Hand the speculation guard's and the confidence budget's settings to the engine's processes
+    (or none); the budget needs the drafts' confidences."""
     guard = settings.speculative.guard
     if settings.speculative.enabled and guard.enabled:
         environ[GUARD_ENV] = GuardConfig(**guard.model_dump(exclude={"enabled"})).to_env()
     else:
         environ.pop(GUARD_ENV, None)
+    budget = settings.speculative.draft_budget
+    if settings.speculative.enabled and budget.enabled:
+        environ[BUDGET_ENV] = BudgetConfig(
+            draft_token_cost=tuple(map(tuple, budget.draft_token_cost)), min_observations=budget.min_observations,
+            explore_every=budget.explore_every).to_env()
+        environ[CONFIDENCE_ENV] = "1"
+    else:
+        environ.pop(BUDGET_ENV, None)
+        environ.pop(CONFIDENCE_ENV, None)
 
 
 def stop_loading(grace: float = 5.0) -> int:

@@ -167,6 +167,30 @@ class _GuardCollector(Collector):
         return [state, pinned, transitions]
 
 
+class _BudgetCollector(Collector):
+    """The confidence draft budget's counts, as last read from the engine
+    (``dynamo_spec.serving.draft_budget`` polls them); nothing before the first reading."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.snapshot: dict | None = None
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        snap = self.snapshot
+        if snap is None:
+            return []
+        out = []
+        # PromQL (share of drafted tokens the budget verified):
+        #   rate(dynamo_spec_draft_budget_admitted_tokens_total[5m]) / rate(dynamo_spec_draft_budget_offered_tokens_total[5m])
+        for key, what in (("offered", "Draft tokens the draft proposed and the other caps left to the budget."),
+                          ("admitted", "Draft tokens the budget let through to verification."),
+                          ("explored", "Of the admitted, those verified to learn their acceptance rather than for their worth.")):
+            family = CounterMetricFamily(f"dynamo_spec_draft_budget_{key}_tokens", what, labels=["model"])
+            family.add_metric([self.model], snap[key])
+            out.append(family)
+        return out
+
+
 class TenantLabels:
     """Maps a header value to a bounded set of label values."""
 
@@ -210,6 +234,8 @@ class DynamoSpecMetrics:
         registry.register(_WindowCollector(self.window, model))
         self._guard = _GuardCollector(model)
         registry.register(self._guard)
+        self._budget = _BudgetCollector(model)
+        registry.register(self._budget)
 
         info = Gauge(
             "dynamo_spec_info",
@@ -324,6 +350,10 @@ class DynamoSpecMetrics:
     def record_guard(self, snapshot: dict | None) -> None:
         """The speculation guard's latest snapshot (None: no guard)."""
         self._guard.snapshot = snapshot
+
+    def record_budget(self, snapshot: dict | None) -> None:
+        """The confidence draft budget's latest snapshot (None: no budget)."""
+        self._budget.snapshot = snapshot
 
     # --- per request ---------------------------------------------------------
 

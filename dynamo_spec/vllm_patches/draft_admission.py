@@ -22,9 +22,11 @@ vLLM drafts them). A cap source is a function ``(request, step) -> int | None``
 ``SamplingParams.extra_args["max_draft_tokens"]`` (vLLM's OpenAI layer copies a
 request's ``vllm_xargs`` there; the server merges the tenant's default in), then, when
 the server configured one (``speculation_guard.GUARD_ENV``), the speculation guard's
-engine-wide cap (0 while acceptance has collapsed). Further engine-wide caps (a
-confidence budget per step) are further sources in that list, given what they need
-through :class:`StepContext`.
+engine-wide cap (0 while acceptance has collapsed). Last, where the server configured
+one (``draft_budget.BUDGET_ENV``) and the drafts came with confidences
+(``draft_confidence``), the confidence draft budget (:mod:`.draft_budget`) ranks the
+draft tokens the other caps leave across the whole step and cuts each request's drafts
+to those worth verifying; it learns from every verified draft (4.).
 
 1. ``Scheduler._update_after_schedule`` (inside ``schedule``, before the async
    scheduler sets its placeholders): the step's k is lowered to the largest cap among
@@ -33,19 +35,25 @@ through :class:`StepContext`.
    then a k=0 step: ``zero_draft_steps`` takes its cheap path (the KV-only draft pass,
    no round trip to the worker, the plain sampler in the next step), and the worker
    never drafts more than a request may use.
-2. ``Scheduler.update_draft_token_ids``: each request's drafts are cut to its cap
-   before vLLM stores them.
+2. ``Scheduler.update_draft_token_ids``: each request's drafts are cut to its cap, then
+   to what the confidence budget admits, before vLLM stores them.
 3. ``AsyncScheduler._update_after_schedule``: each request's placeholders are cut to
    its cap.
 4. ``Scheduler.make_spec_decoding_stats`` (called once per request whose drafts were
    verified in a step, with the drafted and accepted counts): the counts also go to the
-   guard, whatever ``log_stats`` says; where the drafts came with confidences
+   guard and the draft's confidences with its verdict to the confidence budget, whatever
+   ``log_stats`` says; where the drafts came with confidences
    (``draft_confidence``) and ``DYNAMO_SPEC_CONFIDENCE_LOG`` names a file
    (:data:`CONFIDENCE_LOG_ENV`), one JSON line per verified draft: the confidences of the
    tokens verified and how many were accepted (``eval-draft --calibration`` reads them).
 5. ``EngineCore.dynamo_spec_guard(state="")``: a utility method (the API process calls
    it with ``call_utility_async``): the guard's state and figures, after forcing
-   ``state`` if one is given; None without a guard.
+   ``state`` if one is given; None without a guard. ``EngineCore.dynamo_spec_draft_budget()``:
+   the confidence budget's counts (offered, admitted, explored) and calibration; None without one.
+
+The confidence budget needs ``update_draft_token_ids``: with asynchronous scheduling
+(where the worker fills placeholders itself) it is not consulted, and preflight refuses
+the combination.
 
 A request whose cap is 0 is then verified as without speculation: its per-request stats
 (``metrics.speculative_decoding``) show no drafts, while the others in the same batch
@@ -71,6 +79,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamo_spec.vllm_patches._upstream import checked, wrap_method
+from dynamo_spec.vllm_patches.draft_budget import BudgetConfig, DraftBudget
 from dynamo_spec.vllm_patches.draft_confidence import confidences_of
 
 CHECKED_ON = ("0.32.0",)
@@ -83,8 +92,9 @@ UPSTREAM_SIGNATURES = {
         "(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id)",
     "vllm.v1.engine.core:EngineCoreProc._handle_client_request": "(self, request_type, request)",
 }
-# The EngineCore utility method this patch adds (the API process's name for it).
+# The EngineCore utility methods this patch adds (the API process's names for them).
 GUARD_UTILITY = "dynamo_spec_guard"
+BUDGET_UTILITY = "dynamo_spec_draft_budget"
 
 # The request field (in ``vllm_xargs``, i.e. ``SamplingParams.extra_args``).
 MAX_DRAFT_TOKENS = "max_draft_tokens"
@@ -92,6 +102,7 @@ MAX_DRAFT_TOKENS = "max_draft_tokens"
 _PATCHED_ATTR = "_dynamo_spec_draft_admission"
 _SOURCES_ATTR = "_dynamo_spec_cap_sources"
 _GUARD_ATTR = "_dynamo_spec_guard"
+_BUDGET_ATTR = "_dynamo_spec_draft_budget"
 _CONFIDENCE_ATTR = "_dynamo_spec_draft_confidence"  # on a Request: its stored drafts' confidences
 _LOG_ATTR = "_dynamo_spec_confidence_log"
 # A file: each verified draft with confidences is appended as {"confidence": [...], "accepted": n}.
@@ -133,6 +144,9 @@ def build_cap_sources(scheduler: Any) -> tuple[CapSource, ...]:
     if config is not None and getattr(scheduler, "num_spec_tokens", 0):
         guard = scheduler.__dict__[_GUARD_ATTR] = SpeculationGuard(config)
         sources.append(guard.cap)
+    budget = BudgetConfig.from_env(os.environ)
+    if budget is not None and getattr(scheduler, "num_spec_tokens", 0):
+        scheduler.__dict__[_BUDGET_ATTR] = DraftBudget(budget)
     return tuple(sources)
 
 
@@ -171,6 +185,12 @@ def guard_of(scheduler: Any):
     return scheduler.__dict__.get(_GUARD_ATTR)
 
 
+def budget_of(scheduler: Any) -> DraftBudget | None:
+    """The scheduler's confidence draft budget, or None."""
+    _sources(scheduler)
+    return scheduler.__dict__.get(_BUDGET_ATTR)
+
+
 def _confidence_log(scheduler: Any):
     """The scheduler's open confidence log (line-buffered), or None where none is asked for."""
     if _LOG_ATTR not in scheduler.__dict__:
@@ -189,6 +209,8 @@ def _observed(original):
             guard.observe(num_draft_tokens - invalid, num_accepted_tokens)
         request = self.requests.get(request_id)
         confidence = getattr(request, _CONFIDENCE_ATTR, None)
+        if confidence and num_draft_tokens and not invalid and (budget := budget_of(self)) is not None:
+            budget.observe(confidence[:num_draft_tokens], num_accepted_tokens)
         if confidence and num_draft_tokens and not invalid and (log := _confidence_log(self)) is not None:
             log.write(json.dumps({"confidence": [round(c, 5) for c in confidence[:num_draft_tokens]],
                                   "accepted": num_accepted_tokens}) + "\n")
@@ -207,6 +229,12 @@ def _guard_utility(self, state: str = "") -> dict | None:
     return guard.force(state) if state else guard.snapshot()
 
 
+def _budget_utility(self) -> dict | None:
+    """EngineCore utility: the confidence budget's counts and calibration; None without one."""
+    budget = budget_of(self.scheduler)
+    return None if budget is None else budget.snapshot()
+
+
 def _update_draft_token_ids_capped(original):
     @functools.wraps(original)
     def update_draft_token_ids(self, draft_token_ids) -> None:
@@ -222,6 +250,10 @@ def _update_draft_token_ids_capped(original):
                 capped.append(ids[:cap] if cap is not None and cap < len(ids) else ids)
                 if request is not None and confidence is not None:
                     setattr(request, _CONFIDENCE_ATTR, confidence)
+            budget = budget_of(self)
+            if budget is not None and all(c is not None for c in confidences):
+                kept = budget.admit([c[:len(ids)] for c, ids in zip(confidences, capped)])
+                capped = [ids[:n] for ids, n in zip(capped, kept)]
             draft_token_ids = type(draft_token_ids)(draft_token_ids.req_ids, capped)
         return original(self, draft_token_ids)
 
@@ -290,4 +322,7 @@ def apply() -> list[str]:
     if GUARD_UTILITY not in EngineCore.__dict__:
         EngineCore.dynamo_spec_guard = _guard_utility
         patched.append(f"EngineCore.{GUARD_UTILITY}")
+    if BUDGET_UTILITY not in EngineCore.__dict__:
+        EngineCore.dynamo_spec_draft_budget = _budget_utility
+        patched.append(f"EngineCore.{BUDGET_UTILITY}")
     return patched

@@ -13,6 +13,8 @@ Change, only in an engine whose environment sets ``DYNAMO_SPEC_DRAFT_CONFIDENCE=
 
 1. ``SpecDecodeBaseProposer._greedy_sample``: the same argmax of the same logits, and the
    softmax probability of the chosen token (float32), kept for the current ``propose`` call.
+   With ``use_local_argmax_reduction`` on one rank, the same argmax over the draft's own
+   vocabulary (then mapped to target ids as vLLM maps them) and its softmax probability.
    Drafts that vLLM samples another way (a heterogeneous vocabulary, a local argmax
    reduction across tensor-parallel ranks) keep vLLM's path and report no confidence.
 2. ``SpecDecodeBaseProposer.propose``: the kept probabilities are reset before and stacked
@@ -68,14 +70,19 @@ def _greedy_sample_keeping_confidence(original):
     @functools.wraps(original)
     def _greedy_sample(self, hidden_states):
         kept = self.__dict__.get(_KEPT_ATTR)
-        if kept is None or self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
+        model = self.model
+        local = self.use_local_argmax_reduction
+        if kept is None or self.use_heterogeneous_vocab or (local and getattr(model.lm_head, "tp_size", 1) != 1):
             return original(self, hidden_states)
         import torch
 
-        logits = self.model.compute_logits(hidden_states).float()
+        d2t = getattr(model, "draft_id_to_target_id", None) if local else None
+        # Local argmax (one rank): the draft's own vocabulary, then its ids mapped as vLLM maps them.
+        logits = (model.logits_processor(model.lm_head, hidden_states) if local
+                  else model.compute_logits(hidden_states)).float()
         top, ids = logits.max(dim=-1)
         kept.append(torch.exp(top - torch.logsumexp(logits, dim=-1)))
-        return ids
+        return ids + d2t[ids] if d2t is not None else ids
 
     setattr(_greedy_sample, _PATCHED_ATTR, True)
     return _greedy_sample

@@ -45,7 +45,8 @@ DRAFT_CONFIDENCE_WRAPPED = ("vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBas
                             "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
                             "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids")
 # What draft_admission adds (no upstream original).
-DRAFT_ADMISSION_ADDED = ("vllm.v1.engine.core:EngineCore.dynamo_spec_guard",)
+DRAFT_ADMISSION_ADDED = ("vllm.v1.engine.core:EngineCore.dynamo_spec_guard",
+                         "vllm.v1.engine.core:EngineCore.dynamo_spec_draft_budget")
 
 
 def patch_module(name: str) -> Any:
