@@ -184,7 +184,9 @@ class _BudgetCollector(Collector):
         #   rate(dynamo_spec_draft_budget_admitted_tokens_total[5m]) / rate(dynamo_spec_draft_budget_offered_tokens_total[5m])
         for key, what in (("offered", "Draft tokens the draft proposed and the other caps left to the budget."),
                           ("admitted", "Draft tokens the budget let through to verification."),
-                          ("explored", "Of the admitted, those verified to learn their acceptance rather than for their worth.")):
+                          ("explored", "Of the admitted, those verified to learn their acceptance rather than for their worth."),
+                          ("verified", "Draft tokens the target verified and the budget learnt from (the admitted, "
+                                       "less those vLLM dropped: a finished request's, the last steps' before max_tokens).")):
             family = CounterMetricFamily(f"dynamo_spec_draft_budget_{key}_tokens", what, labels=["model"])
             family.add_metric([self.model], snap[key])
             out.append(family)

@@ -243,17 +243,20 @@ def _update_draft_token_ids_capped(original):
         step = StepContext(num_requests=len(lists), k=max((len(ids) for ids in lists), default=0))
         if step.k:
             sources = _sources(self)
-            capped = []
-            for req_id, ids, confidence in zip(draft_token_ids.req_ids, lists, confidences):
+            capped, live = [], []
+            for i, (req_id, ids, confidence) in enumerate(zip(draft_token_ids.req_ids, lists, confidences)):
                 request = self.requests.get(req_id)
                 cap = draft_cap(request, step, sources) if request is not None else None
                 capped.append(ids[:cap] if cap is not None and cap < len(ids) else ids)
                 if request is not None and confidence is not None:
                     setattr(request, _CONFIDENCE_ATTR, confidence)
+                if request is not None and not request.is_finished() and not request.is_prefill_chunk:
+                    live.append(i)  # the requests whose drafts vLLM keeps
             budget = budget_of(self)
-            if budget is not None and all(c is not None for c in confidences):
-                kept = budget.admit([c[:len(ids)] for c, ids in zip(confidences, capped)])
-                capped = [ids[:n] for ids, n in zip(capped, kept)]
+            if budget is not None and live and all(confidences[i] is not None for i in live):
+                kept = budget.admit([confidences[i][:len(capped[i])] for i in live])
+                for i, n in zip(live, kept):
+                    capped[i] = capped[i][:n]
             draft_token_ids = type(draft_token_ids)(draft_token_ids.req_ids, capped)
         return original(self, draft_token_ids)
 

@@ -158,8 +158,9 @@ class DraftBudget:
         self.calibration = Calibration(config.bins, config.prior_weight, config.max_count)
         self.steps = 0
         self.offered = 0  # draft tokens offered to the budget (after the other caps)
-        self.admitted = 0  # of which verified
-        self.explored = 0  # of which verified by the exploration rules rather than their worth
+        self.admitted = 0  # of which kept for verification
+        self.explored = 0  # of which kept to learn their acceptance rather than for their worth
+        self.verified = 0  # draft tokens verified and observed (fewer than admitted where vLLM dropped some)
         self._drafts = 0
 
     def admit(self, confidences: Sequence[Sequence[float]]) -> list[int]:
@@ -167,34 +168,34 @@ class DraftBudget:
         list per request, as long as the drafts it may have)."""
         cfg = self.config
         cost = cost_at(cfg.draft_token_cost, len(confidences))
-        explore = []
-        for row in confidences:
+        kept = best_prefixes([self.calibration.survival(row) for row in confidences], cost)
+        explored = 0
+        for i, row in enumerate(confidences):
             self._drafts += 1
             whole = cfg.explore_every and self._drafts % cfg.explore_every == 0
-            explore.append(len(row) if whole else self._to_explore(row, cost))
-        survivals = [self.calibration.survival(row) for row in confidences]
-        kept = best_prefixes(survivals, cost, explore)
+            more = len(row) if whole else self._to_explore(row, kept[i])
+            if more > kept[i]:
+                explored += more - kept[i]
+                kept[i] = more
         self.steps += 1
         self.offered += sum(map(len, confidences))
         self.admitted += sum(kept)
-        self.explored += sum(explore)
+        self.explored += explored
         return kept
 
-    def _to_explore(self, confidences: Sequence[float], cost: float) -> int:
-        """Tokens to verify so that the first cell with fewer than ``min_observations`` judgements gets
-        one; 0 where there is none, or where the tokens before it are themselves not worth verifying
-        (they would be rejected before it is judged)."""
-        cal, survival = self.calibration, 1.0
-        for pos, c in enumerate(confidences):
-            if cal.judged(pos, c) < self.config.min_observations:
-                return pos + 1 if survival > cost else 0
-            survival *= cal.rate(pos, c)
+    def _to_explore(self, confidences: Sequence[float], worth: int) -> int:
+        """Tokens to verify so that the first cell with fewer than ``min_observations`` judgements
+        gets one, where the ``worth`` tokens kept for their worth reach up to it; else 0."""
+        for pos, c in enumerate(confidences[:worth + 1]):
+            if self.calibration.judged(pos, c) < self.config.min_observations:
+                return pos + 1
         return 0
 
     def observe(self, confidences: Sequence[float], accepted: int) -> None:
+        """One verified draft (its tokens' confidences) and how many of its tokens were accepted."""
+        self.verified += len(confidences)
         self.calibration.observe(confidences, accepted)
 
     def snapshot(self) -> dict:
         return {"steps": self.steps, "offered": self.offered, "admitted": self.admitted,
-                "explored": self.explored, "calibration": self.calibration.table()}
-
+                "explored": self.explored, "verified": self.verified, "calibration": self.calibration.table()}

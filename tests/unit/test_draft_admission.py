@@ -17,7 +17,7 @@ STEP = da.StepContext(num_requests=4, k=3)
 def request(cap=None, *, extra=None, prefilling=False, spec=None):
     extra_args = extra if extra is not None else ({} if cap is None else {"max_draft_tokens": cap})
     return SimpleNamespace(sampling_params=SimpleNamespace(extra_args=extra_args or None),
-                           is_prefill_chunk=prefilling, spec_token_ids=spec or [])
+                           is_prefill_chunk=prefilling, spec_token_ids=spec or [], is_finished=lambda: False)
 
 
 @pytest.mark.parametrize("extra, cap", [

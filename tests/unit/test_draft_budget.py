@@ -97,7 +97,9 @@ def test_unseen_cells_are_explored_then_judged_by_their_worth():
     # each cell is explored until it holds 3 judgements (with the tokens before it), then judged by worth
     cheap, snap = run(0.1)
     assert cheap == [1, 1, 1, 2, 2, 2] + [3] * 14
-    assert (snap["steps"], snap["offered"], snap["admitted"], snap["explored"]) == (20, 60, sum(cheap), 18)
+    # explored: only the tokens kept beyond their worth (one learnt judgement already makes the first
+    # worth 0.34 > 0.1): the first token once, the second once, the third twice
+    assert (snap["steps"], snap["offered"], snap["admitted"], snap["explored"]) == (20, 60, sum(cheap), 4)
     # dearer verification: after 3 judgements the third token's learnt survival (0.82 x 0.75 x 0.60 = 0.37)
     # is below the bar of a step that already yields 2.4 tokens (0.3 x 2.43 / 1.6 = 0.46)
     dear, _ = run(0.3)
@@ -137,7 +139,8 @@ def test_draft_admission_cuts_each_request_to_what_the_budget_admits(monkeypatch
     seen = []
     wrapped = da._update_draft_token_ids_capped(lambda self, drafts: seen.append(drafts))
     req = lambda cap=None: SimpleNamespace(  # noqa: E731
-        sampling_params=SimpleNamespace(extra_args={"max_draft_tokens": cap} if cap is not None else None))
+        sampling_params=SimpleNamespace(extra_args={"max_draft_tokens": cap} if cap is not None else None),
+        is_finished=lambda: False, is_prefill_chunk=False)
     sched = SimpleNamespace(requests={"sure": req(), "unsure": req(), "capped": req(1)}, num_spec_tokens=3)
     drafts = DraftTokenIds(["sure", "unsure", "capped"], [[5, 6, 7]] * 3)
     drafts.confidence = [[0.99, 0.98, 0.97], [0.2, 0.9, 0.9], [0.99, 0.99, 0.99]]
@@ -145,6 +148,14 @@ def test_draft_admission_cuts_each_request_to_what_the_budget_admits(monkeypatch
     assert seen[0].draft_token_ids == [[5, 6, 7], [], [5]]  # the request's own cap comes first
     budget = da.budget_of(sched)
     assert (budget.offered, budget.admitted) == (7, 4)
+    # a request that finished in this step (or is gone) is not offered: vLLM drops its drafts
+    sched.requests["sure"].is_finished = lambda: True
+    drafts = DraftTokenIds(["sure", "gone", "unsure"], [[5, 6, 7]] * 3)
+    drafts.confidence = [[0.99, 0.98, 0.97]] * 2 + [[0.9, 0.9, 0.9]]
+    wrapped(sched, drafts)
+    assert (budget.offered, budget.admitted) == (10, 7)
+    assert seen[1].draft_token_ids[2] == [5, 6, 7]
+    seen.clear()
     # drafts without confidences (the confidence patch not installed): the budget does not cut
     wrapped(sched, DraftTokenIds(["unsure"], [[5, 6, 7]]))
-    assert seen[1].draft_token_ids == [[5, 6, 7]]
+    assert seen[0].draft_token_ids == [[5, 6, 7]]
