@@ -51,7 +51,8 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is dataclasses.MISSING else f.default
-        kwargs = {"help": f.metadata["help"] + ("" if default in (None, ()) else " (default: %(default)s)")}
+        shown = default not in (None, ()) and default is not False
+        kwargs = {"help": f.metadata["help"] + (" (default: %(default)s)" if shown else "")}
         if f.metadata.get("required"):
             kwargs["required"] = True
         else:
@@ -61,6 +62,8 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         kind = str(f.type)
         if f.name == "data_from":
             kwargs.update(type=Path, action="append", default=[])
+        elif kind == "bool":
+            kwargs["action"] = "store_true"
         elif kind.startswith("tuple["):  # a comma list: "1,2,3" (the element type from the annotation)
             kwargs["type"] = _TUPLE_OF[kind.split("[")[1].split(",")[0]]
         elif "Path" in kind:

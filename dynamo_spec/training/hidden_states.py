@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,6 +39,20 @@ def write_shard(path: Path, rows: list[tuple]) -> None:
         "aux": torch.cat([a for _, _, a, _ in rows]).to(torch.bfloat16).contiguous(),
         "final": torch.cat([f for _, _, _, f in rows]).to(torch.bfloat16).contiguous(),
     }, str(path))
+
+
+@dataclass(frozen=True)
+class StatesPass:
+    """What one call of :func:`extract_hidden_states` did: the shards' folder and the
+    tokens it ran through the target (0 when every shard was already there)."""
+
+    out_dir: Path
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
 
 
 @torch.inference_mode()
@@ -71,11 +86,12 @@ def _extract(model, seqs: list[list[int]], aux_layers, max_batch_tokens: int):
 def extract_hidden_states(target: Path, answers_path: Path, out_dir: Path,
                           aux_layers: tuple[int, ...], *, dtype: str,
                           rows_per_shard: int = 128, max_batch_tokens: int = 4096,
-                          full_shards_only: bool = False) -> Path:
-    """Write shards with ``input_ids``, ``prompt_lens``, ``offsets``, ``aux``, ``final``.
+                          full_shards_only: bool = False) -> StatesPass:
+    """Write shards with ``input_ids``, ``prompt_lens``, ``offsets``, ``aux``, ``final``:
+    one prefill-only forward pass over prompt + answer, no decoding.
 
     ``full_shards_only`` leaves a last partial shard for later (used while the answers
-    file is still growing)."""
+    file is still growing). Returns the pass's tokens and seconds (tokens/s is logged)."""
     from transformers import AutoModelForCausalLM
 
     rows = read_jsonl(answers_path)
@@ -90,7 +106,7 @@ def extract_hidden_states(target: Path, answers_path: Path, out_dir: Path,
     todo = [s for s in starts
             if not shard_path(out_dir, s, len(rows[s:s + rows_per_shard])).exists()]
     if not todo:
-        return out_dir
+        return StatesPass(out_dir)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval()
     total = sum(len(r["prompt_ids"]) + len(r["answer_ids"]) for r in rows)
     t0, n_tok = time.monotonic(), 0
@@ -107,8 +123,10 @@ def extract_hidden_states(target: Path, answers_path: Path, out_dir: Path,
             n_tok += int(lens.sum())
             bar.update(int(lens.sum()))
             bar.set_postfix(tok_s=f"{n_tok / (time.monotonic() - t0):.0f}")
-    logger.info("hidden states: %d tokens in %.0f s", n_tok, time.monotonic() - t0)
-    return out_dir
+    done = StatesPass(out_dir, n_tok, time.monotonic() - t0)
+    logger.info("hidden states (prefill): %d tokens in %.1f s, %.0f tokens/s", n_tok, done.seconds,
+                done.tokens_per_s or 0)
+    return done
 
 
 def load_shards(out_dir: Path) -> list[dict]:

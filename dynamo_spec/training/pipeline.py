@@ -7,6 +7,10 @@ that keeps the states as it decodes, about 2x vLLM's CPU throughput here), or ``
 interruption resumes (training from its last checkpoint). ``data_from`` adds the
 answers and states of earlier work dirs: their prompts are not answered again.
 ``self_prompts`` adds prompts the target writes itself (:mod:`.self_prompts`).
+
+``corpus`` trains on the rounds kept in the repository (:mod:`.corpus`) instead, their
+states recomputed by one prefill pass and cached; ``add_round`` first generates as
+above and adds the answers to the corpus as a new round, so they outlive ``work_dir``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import source_table, write_prompts
-from .rows import EVERYDAY_EVAL, read_jsonl, write_jsonl
+from .rows import eval_texts, read_jsonl, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,19 @@ class PipelineConfig:
                                   "random init")
     data_from: tuple[Path, ...] = _opt((), "an earlier work dir whose answers and states are trained on too "
                                        "(its prompts are not answered again); repeatable")
+    corpus: Path | None = _opt(None, "train on the rounds of this corpus folder (e.g. data) instead of generating "
+                               "answers; their hidden states are recomputed by one prefill pass and cached")
+    rounds: tuple[int, ...] = _opt((), "train on these corpus rounds only, e.g. '1,2' (default: every round of "
+                                   "the manifest)")
+    add_round: bool = _opt(False, "generate answers as without --corpus, add them to --corpus as a new round, "
+                           "then train on the corpus (with --rounds: those and the new round)")
+    states_cache: Path = _opt(Path(".cache/corpus-states"), "where the corpus rows' hidden states are kept, by "
+                              "target checksum and round")
     timings: dict = field(default_factory=dict, metadata={"cli": False})
+
+    def __post_init__(self):
+        if self.corpus is None and (self.add_round or self.rounds):
+            raise ValueError(f"--{'add-round' if self.add_round else 'rounds'} needs --corpus (the corpus folder)")
 
 
 def _timed(cfg: PipelineConfig, name: str, fn, *args, **kwargs):
@@ -94,20 +110,15 @@ def _earlier_prompts(work: Path) -> list[dict]:
     return read_jsonl(merged if merged.exists() else work / "prompts.jsonl")
 
 
-def _eval_texts() -> tuple[str, ...]:
-    """The user turns of the shipped evaluation set: a self-prompt close to one is dropped."""
-    return tuple(m["content"] for r in read_jsonl(EVERYDAY_EVAL) for m in r["messages"] if m["role"] == "user")
-
-
-def run_pipeline(cfg: PipelineConfig) -> dict:
+def _generate(cfg: PipelineConfig) -> None:
+    """Prompts, then the target's answers (and their states, unless the corpus's
+    prefill pass will compute them) in ``work_dir``."""
     from .answers import generate_answers
     from .decode import generate_with_states
-    from .hidden_states import extract_hidden_states, load_shards
-    from .self_prompts import KIND_SETS, SOURCE, merge_prompt_files, write_self_prompts
-    from .train import TrainConfig, train
+    from .hidden_states import extract_hidden_states
+    from .self_prompts import KIND_SETS, merge_prompt_files, write_self_prompts
 
     work = cfg.work_dir
-    work.mkdir(parents=True, exist_ok=True)
     prompts = _timed(cfg, "prompts", write_prompts, work / "prompts.jsonl", work / "downloads",
                      cfg.seed, more_chitchat=cfg.more_chitchat, samples=cfg.samples,
                      temperature=cfg.temperature)
@@ -118,7 +129,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                      work / "self_prompts.jsonl", cfg.self_prompts,
                      seed=cfg.seed if cfg.self_seed is None else cfg.self_seed,
                      temperature=cfg.self_temperature, dtype=cfg.dtype, known=known,
-                     avoid=_eval_texts(),
+                     avoid=eval_texts(),
                      kinds=KIND_SETS[cfg.self_kinds],
                      answer_temperatures=tuple(cfg.self_answer_temperatures))
         prompts = merge_prompt_files(work / "answer_prompts.jsonl", prompts, own)
@@ -134,9 +145,53 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
                          work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
                          seed=cfg.seed, minutes=cfg.answer_minutes)
-        _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
-               work / "hidden", cfg.aux_layers, dtype=cfg.dtype)
-    seqs = [s for d in (*cfg.data_from, work) for s in load_shards(Path(d) / "hidden")]
+        if cfg.corpus is None:
+            _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
+                   work / "hidden", cfg.aux_layers, dtype=cfg.dtype)
+
+
+def add_work_round(cfg: PipelineConfig) -> dict | None:
+    """The answers in ``work_dir`` as a new round of ``cfg.corpus`` (rows already in the
+    corpus are left out, so running it again adds nothing)."""
+    from .corpus import add_round, work_rows
+
+    generator = {"generator": cfg.generator, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
+                 "seed": cfg.seed}
+    return add_round(cfg.corpus, work_rows(cfg.work_dir), cfg.target, generator)
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    """Without ``corpus``: generate into ``work_dir`` and train on it. With ``corpus``:
+    train on its rounds; with ``add_round`` too, generate first and add a round."""
+    from .corpus import corpus_states
+    from .hidden_states import load_shards
+    from .self_prompts import SOURCE
+    from .train import TrainConfig, train
+
+    work = cfg.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = None
+    if cfg.corpus is None or cfg.add_round:
+        _generate(cfg)
+    rounds = tuple(cfg.rounds)
+    if cfg.add_round:
+        added = work / "corpus_round.json"  # a resumed run adds nothing: it remembers its round here
+        entry = _timed(cfg, "corpus_add", add_work_round, cfg)
+        if entry:
+            added.write_text(json.dumps({"round": entry["round"]}) + "\n")
+        if rounds and added.exists():
+            rounds += (json.loads(added.read_text())["round"],)
+    seqs = [s for d in cfg.data_from for s in load_shards(Path(d) / "hidden")]
+    if cfg.corpus is None:
+        seqs += load_shards(work / "hidden")
+        sources = source_table() + ([{"name": SOURCE, "package": "the target itself",
+                                      "licence": "the target's"}] if cfg.self_prompts else [])
+    else:
+        corpus_seqs, corpus = _timed(cfg, "corpus_states", corpus_states, cfg.corpus, cfg.target,
+                                     aux_layers=tuple(cfg.aux_layers), dtype=cfg.dtype,
+                                     cache_root=cfg.states_cache, rounds=rounds or None)
+        seqs += corpus_seqs
+        sources = corpus.pop("sources")
     eos_id = json.loads((cfg.target / "config.json").read_text())["eos_token_id"]
     tcfg = TrainConfig(seed=cfg.seed, steps=cfg.steps,
                        minutes=None if cfg.steps else cfg.minutes,
@@ -144,9 +199,9 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                        init_from=cfg.init_from, draft_format=cfg.draft_format)
     summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
                      tcfg, eos_id)
-    sources = source_table() + ([{"name": SOURCE, "package": "the target itself",
-                                  "licence": "the target's"}] if cfg.self_prompts else [])
     summary.update({"timings_s": cfg.timings, "sources": sources,
                     "answer_sequences": len(seqs)})
+    if corpus is not None:
+        summary["corpus"] = corpus
     (work / "training_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary

@@ -15,6 +15,11 @@ from pathlib import Path
 EVERYDAY_EVAL = Path(__file__).with_name("everyday_eval.jsonl")
 
 
+def eval_texts(path: Path = EVERYDAY_EVAL) -> tuple[str, ...]:
+    """The user turns of the evaluation set: what training data must never contain."""
+    return tuple(m["content"] for r in read_jsonl(path) for m in r["messages"] if m["role"] == "user")
+
+
 def write_jsonl(path: Path, rows) -> Path:
     """Write ``rows`` as JSON lines all at once (a temp file, then a rename)."""
     tmp = path.with_suffix(".tmp")

@@ -301,3 +301,43 @@ def test_save_draft_in_the_speculators_format(tmp_path):
     assert (tmp_path / "spec" / "model.safetensors").read_bytes() == (tmp_path / "vllm" / "model.safetensors").read_bytes()
     with pytest.raises(ValueError, match="verifier"):
         save_draft(draft, cfg, tmp_path / "x", draft_format="speculators")
+
+
+def test_corpus_options_and_their_checks():
+    import argparse
+    from pathlib import Path
+
+    from dynamo_spec.training import cli
+    from dynamo_spec.training.pipeline import PipelineConfig
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train-draft", "--target", "t", "--out", "o", "--corpus", "data", "--rounds", "1,3",
+                              "--add-round"])
+    assert (args.corpus, args.rounds, args.add_round) == (Path("data"), (1, 3), True)
+    with pytest.raises(ValueError, match="--add-round needs --corpus"):
+        PipelineConfig(target=Path("t"), out=Path("o"), add_round=True)
+    with pytest.raises(ValueError, match="--rounds needs --corpus"):
+        PipelineConfig(target=Path("t"), out=Path("o"), rounds=(1,))
+
+
+def test_target_checksum_is_the_weights_and_config_not_the_place(tmp_path):
+    import shutil
+
+    from dynamo_spec.training.corpus import target_checksum
+
+    target = tmp_path / "a" / "model"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text(json.dumps(TARGET))
+    (target / "model.safetensors").write_bytes(b"weights")
+    (target / "README.md").write_text("not part of it")
+    first = target_checksum(target)
+    assert first.startswith("sha256:") and len(first) == 7 + 64
+    shutil.copytree(target, tmp_path / "b" / "model")
+    (tmp_path / "b" / "model" / "README.md").write_text("changed")
+    assert target_checksum(tmp_path / "b" / "model") == first
+    (target / "model.safetensors").write_bytes(b"weightz")
+    assert target_checksum(target) != first
+    (target / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="weight files"):
+        target_checksum(target)
