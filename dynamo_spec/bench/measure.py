@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,9 +13,13 @@ from tqdm import tqdm
 from dynamo_spec.bench.load import CellResult, run_cell
 from dynamo_spec.bench.options import BenchOptions
 from dynamo_spec.bench.summary import counter_delta, summarize_rounds
+from dynamo_spec.serving.draft_budget import POLL_SECONDS as BUDGET_POLL_SECONDS
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens": "accepted"}
+                 "vllm:spec_decode_num_accepted_tokens": "accepted",
+                 # the confidence budget's (dynamo_spec.serving.draft_budget), where it is on
+                 "dynamo_spec_draft_budget_offered_tokens": "budget_offered",
+                 "dynamo_spec_draft_budget_admitted_tokens": "budget_admitted"}
 
 
 def read_spec_counters(url: str) -> dict[str, float]:
@@ -40,6 +45,8 @@ async def measure_round(url: str, model: str, items: Sequence[dict[str, Any]], c
     before = read_spec_counters(url)
     cell = await run_cell(url, model, items, concurrency=c, requests=options.cell_requests(c),
                           max_tokens=options.max_tokens, temperature=options.temperature, on_done=lambda: bar.update(1))
+    if "budget_offered" in before:  # the server polls the budget's counts from its engine: wait for the last step's
+        await asyncio.sleep(2 * BUDGET_POLL_SECONDS)
     return cell, counter_delta(before, read_spec_counters(url))
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -27,7 +27,7 @@ from dynamo_spec.bench.result import Cells, Column, Compared, Derived, Judged, S
 from dynamo_spec.bench.schedule_config import FILE as SCHEDULE_CONFIG
 from dynamo_spec.bench.schedule_config import write_schedule_config
 from dynamo_spec.bench.server import ManagedServer, server_rss, servers_that_fit
-from dynamo_spec.bench.speedups import BASELINE, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0
+from dynamo_spec.bench.speedups import BASELINE, BUDGET, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0, verify_cost
 from dynamo_spec.config import schedule as schedules
 
 if TYPE_CHECKING:
@@ -60,18 +60,49 @@ def first_phase(ks: tuple[int, ...], max_batch: int) -> Group:
 
 
 def derive(run: Runner, columns: Mapping[str, Column]) -> Derived:
-    """The schedule from the first phase's columns, written as a config beside the results."""
+    """The schedule from the first phase's columns, and the confidence budget's cost of a verified
+    draft token, written as a config beside the results."""
     options = run.options
-    choice = choose_k(columns_json(columns), options.ks, options.concurrencies, options.margin)
+    as_json = columns_json(columns)
+    choice = choose_k(as_json, options.ks, options.concurrencies, options.margin)
     schedule = schedule_from_choice(choice, run.plan.max_batch)
-    config_file = write_schedule_config(options.config, schedule, options.out / SCHEDULE_CONFIG, run.plan.dtype)
-    return Derived(choice=choice, schedule=schedule, margin=options.margin, config_file=str(config_file))
+    costs = draft_token_cost(as_json, options.concurrencies)
+    config_file = write_schedule_config(options.config, schedule, options.out / SCHEDULE_CONFIG, run.plan.dtype,
+                                        draft_token_cost=costs)
+    return Derived(choice=choice, schedule=schedule, margin=options.margin, config_file=str(config_file),
+                   draft_token_cost=costs, budget_schedule=budget_schedule(schedule) if costs else None)
+
+
+def draft_token_cost(columns: Mapping[str, Any], concurrencies: Sequence[int]) -> list[list[float]] | None:
+    """[[concurrency, cost], ...]: `speedups.verify_cost` on the derive prompts, never falling as the
+    batch grows (a verified token does not get cheaper in a fuller step: a dip is noise)."""
+    points, top = [], 0.0
+    for c in concurrencies:
+        cost = verify_cost(columns, "derive", c)
+        if cost is not None:
+            top = max(top, cost)
+            points.append([c, round(top, 3)])
+    return points or None
+
+
+def budget_schedule(schedule: list[list[int]]) -> list[list[int]]:
+    """The schedule the confidence budget's column drafts under: one token more than the derived
+    schedule wherever it drafts (the budget trims what does not pay), k=0 ranges kept."""
+    return [[lo, hi, k + 1 if k else 0] for lo, hi, k in schedule]
+
+
+def budget_overrides(derived: Derived) -> list[str]:
+    return [*schedule_overrides(derived.budget_schedule), "--speculative.draft_budget.enabled", "true",
+            "--speculative.draft_budget.draft_token_cost", json.dumps(derived.draft_token_cost)]
 
 
 def second_phase(run: Runner, derived: Derived) -> Group:
-    """The second phase's columns but the repeat: the derived schedule, then the config's own (as it
-    serves, no override) where it has one that the derived one is not."""
+    """The second phase's columns but the repeat: the derived schedule, the confidence budget (where
+    its cost was measured and it drafts somewhere), then the config's own (as it serves, no override)
+    where it has one that the derived one is not."""
     group = [(SCHEDULE, schedule_overrides(derived.schedule))]
+    if derived.budget_schedule and schedules.top_k(derived.budget_schedule):
+        group.append((BUDGET, budget_overrides(derived)))
     if run.plan.configured is not None and run.plan.configured != derived.schedule:
         group.append((CONFIGURED, []))
     return group

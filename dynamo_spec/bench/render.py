@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dynamo_spec.bench.speedups import BASELINE, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0, break_even_rate
+from dynamo_spec.bench.speedups import BASELINE, BUDGET, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0, break_even_rate
 from dynamo_spec.config import schedule as schedules
 
 PRACTICAL_ROUNDS = 6  # beyond this the resolution text advises a quieter host, not more rounds
@@ -181,8 +181,44 @@ def _latency(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _budget(result: Mapping[str, Any]) -> list[str]:
+    """The confidence budget's column against the schedules and k=0, and where it dropped drafts."""
+    derived, columns = result["derived"], result["columns"]
+    costs = derived.get("draft_token_cost")
+    if not costs:
+        return []
+    lines = ["## Confidence budget (judge prompts)", "",
+             f"Cost of verifying one draft token, plain steps per request (`speculative.draft_budget.draft_token_cost`, "
+             f"k=1 against `{SPEC_K0}`, derive prompts): `{costs}`."]
+    if BUDGET not in columns:
+        return lines + ["The budget's column was not measured (its schedule drafts nowhere).", ""]
+    others = [name for name in (SCHEDULE, CONFIGURED) if name in columns]
+    lines += [f"Its column drafts under `{derived.get('budget_schedule')}` (the derived schedule, one token more "
+              "wherever it drafts) and verifies only the draft tokens worth it.", "",
+              "| c | budget vs k=0 | " + " | ".join(f"{n} vs k=0 | budget vs {n}" for n in others)
+              + " | drafted | admitted | accepted | mean acceptance length |",
+              "|---|---|" + "---|---|" * len(others) + "---|---|---|---|"]
+    for c in result["settings"]["concurrency"]:
+        cell = columns[BUDGET]["cells"].get("judge", {}).get(str(c))
+        if not cell:
+            continue
+        mine = cell.get("speedup")
+        line = f"| {c} | {fmt(mine, '{:.2f}x')} |"
+        for name in others:
+            theirs = columns[name]["cells"].get("judge", {}).get(str(c), {}).get("speedup")
+            line += (f" {fmt(theirs, '{:.2f}x')} | "
+                     f"{fmt(mine / theirs if mine and theirs else None, '{:.3f}')} |")
+        budget = cell.get("budget") or {}
+        line += (f" {budget.get('drafted', '-')} | {budget.get('admitted', '-')} | {cell.get('accepted_tokens', '-')} | "
+                 f"{fmt(cell.get('mean_acceptance_length'), '{:.2f}')} |")
+        lines.append(line)
+    return lines + ["", "Drafted: draft tokens the draft proposed (after per-request caps); admitted: those the "
+                        "budget let the target verify; accepted: those the target accepted.", ""]
+
+
 def markdown(result: Mapping[str, Any]) -> str:
-    lines = _header(result) + _rates(result) + _verdict(result) + _noise(result) + _latency(result)
+    lines = (_header(result) + _rates(result) + _verdict(result) + _noise(result) + _budget(result)
+             + _latency(result))
     return "\n".join(lines + ["", f"Command: `{result['command']}`", ""])
 
 

@@ -62,6 +62,10 @@ class Derived:
     schedule: list[list[int]]
     margin: float
     config_file: str
+    # The confidence budget's measured cost of a verified draft token, [[concurrency, cost], ...], and the
+    # schedule its column runs (None: not measured, no k=1 or no speculative engine at k=0).
+    draft_token_cost: list[list[float]] | None = None
+    budget_schedule: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,8 @@ def assemble(header: Mapping[str, Any], compared: Compared, derived: Derived, ju
         "columns": columns,
         "derived": {"choice": {str(c): k for c, k in derived.choice.items()}, "schedule": derived.schedule,
                     "margin": derived.margin, "config_file": derived.config_file,
-                    "close_calls": {str(c): v for c, v in close.items()}},
+                    "close_calls": {str(c): v for c, v in close.items()},
+                    "draft_token_cost": derived.draft_token_cost, "budget_schedule": derived.budget_schedule},
         "verdict": rows,
         "noise_median": noise_median,
         "resolution": resolution(noise_median, options.rounds, options.margin),

@@ -49,9 +49,12 @@ def _with_schedule(spec: dict[str, Any], schedule: list[list[int]], dtype: str) 
             spec[key] = schedule
 
 
-def write_schedule_config(config: Path, schedule: list[list[int]], out: Path, dtype: str = "default") -> Path:
+def write_schedule_config(config: Path, schedule: list[list[int]], out: Path, dtype: str = "default",
+                          draft_token_cost: list[list[float]] | None = None) -> Path:
     """The benchmarked config with the derived schedule for `dtype` (the dtype the engine ran in
-    here); paths relative to the config rebased to the new file's folder."""
+    here) and the confidence budget's measured cost of a verified draft token (where measured; the
+    budget stays as the config has it, on or off); paths relative to the config rebased to the new
+    file's folder."""
     from dynamo_spec.engine.host import detect_host
 
     base, target = config.parent.resolve(), out.parent.resolve()
@@ -64,6 +67,8 @@ def write_schedule_config(config: Path, schedule: list[list[int]], out: Path, dt
 
     data = _map_strings(yaml.safe_load(config.read_text()) or {}, rebase)
     _with_schedule(data.setdefault("speculative", {}), schedule, dtype)
+    if draft_token_cost:
+        data["speculative"].setdefault("draft_budget", {})["draft_token_cost"] = draft_token_cost
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Written by dynamo-spec bench from {config.name}; schedule derived on "
                    f"{detect_host().cpu_model} ({dtype}).\n" + yaml.safe_dump(data, sort_keys=False))

@@ -19,6 +19,8 @@ CONFIGURED = "config's schedule"
 # Speculation on, but k=0 at every batch size: what a schedule's k=0 ranges serve. vLLM keeps
 # the draft's KV cache current in those steps, so this is not free (see SPEC_K0 in choose.choose_k).
 SPEC_K0 = "k=0 (speculative engine)"
+# The derived schedule opened up (see phases.budget_schedule), with the confidence draft budget trimming it.
+BUDGET = "confidence budget"
 
 
 def _cell(columns: Mapping[str, Any], name: str, split: str, c: int, part: str = "cells") -> dict | None:
@@ -59,6 +61,19 @@ def break_even_rate(cell: Mapping[str, Any]) -> float | None:
     if not r or not length or not gain or length <= 1 or any(map(math.isnan, (r, length, gain))):
         return None
     return r * (length / gain - 1) / (length - 1)
+
+
+def verify_cost(columns: Mapping[str, Any], split: str, c: int) -> float | None:
+    """What verifying one draft token costs at concurrency `c`, in plain steps per request: the
+    k=1 column against the speculative engine at k=0 (which drafts nothing but keeps the draft's
+    KV current), so the draft's own pass is left out. With L = 1 + r tokens for 1 + cost plain
+    steps, cost = L / speedup - 1 (clamped at 0). None without both cells."""
+    k1, k0 = speedup(columns, "k=1", split, c), speedup(columns, SPEC_K0, split, c)
+    cell = _cell(columns, "k=1", split, c)
+    length = cell.get("mean_acceptance_length") if cell else None
+    if not k1 or not k0 or not length:
+        return None
+    return max(0.0, length / (k1 / k0) - 1)
 
 
 def add_speedups(columns: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def spec_stats(d: Mapping[str, float]) -> dict[str, Any]:
     drafts, draft_tokens, accepted = (int(d.get(n, 0)) for n in ("drafts", "draft_tokens", "accepted"))
     positions = sorted(int(key.split(":")[1]) for key in d if key.startswith("pos:"))
     per_pos = [int(d[f"pos:{p}"]) for p in positions]
-    return {
+    out = {
         "drafts": drafts,
         "draft_tokens": draft_tokens,
         "accepted_tokens": accepted,
@@ -45,6 +45,9 @@ def spec_stats(d: Mapping[str, float]) -> dict[str, Any]:
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "per_position_acceptance": [a / drafts for a in per_pos] if drafts else [],
     }
+    if "budget_offered" in d:  # the confidence budget: the draft tokens drafted, and those it let be verified
+        out["budget"] = {"drafted": int(d["budget_offered"]), "admitted": int(d.get("budget_admitted", 0))}
+    return out
 
 
 def spec_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:

@@ -158,7 +158,14 @@ def test_one_server_at_a_time_the_gpu_default(tiny_models, tmp_path):
     result, out, stdout = run_bench(tiny_models, tmp_path, [0, 1], [1], "--together", "0")
     cols = result["columns"]
     assert result["servers"] == {"mode": "sequential"}
-    assert list(cols) == ["k=0", "k=1", "k=0 (speculative engine)", "schedule", "config's schedule", "k=0 (repeat)"]
+    # k=1 and the speculative engine at k=0 measured: the cost of a verified draft token, and the budget's column
+    assert list(cols) == ["k=0", "k=1", "k=0 (speculative engine)", "schedule", "confidence budget",
+                          "config's schedule", "k=0 (repeat)"]
+    assert [c for c, _ in result["derived"]["draft_token_cost"]] == [1]
+    budget = cols["confidence budget"]["cells"]["judge"]["1"]
+    assert 0 < budget["budget"]["admitted"] <= budget["budget"]["drafted"]
+    assert budget["draft_tokens"] <= budget["budget"]["admitted"]  # vLLM verified what the budget admitted, less drops
+    assert "## Confidence budget" in (out / "bench.md").read_text()
     assert not any("reference" in col for col in cols.values())
     for col in cols.values():
         for split, cells in col["cells"].items():

@@ -453,7 +453,8 @@ def test_the_result_is_built_from_the_phases_values_and_renders_again(tmp_path):
     assert result["columns"]["k=2"]["cells"]["derive"]["4"]["speedup"] == pytest.approx(1.4)
     assert "reference" not in result["columns"]["k=0"]
     assert result["derived"] == {"choice": {"1": 2, "4": 2}, "schedule": [[1, 128, 2]], "margin": 0.03,
-                                 "config_file": "c-with-schedule.yaml", "close_calls": {"1": [], "4": []}}
+                                 "config_file": "c-with-schedule.yaml", "close_calls": {"1": [], "4": []},
+                                 "draft_token_cost": None, "budget_schedule": None}
     assert result["verdict"]["1"]["schedule_speedup"] == pytest.approx(1.35)
     assert result["verdict"]["1"]["config_speedup"] == pytest.approx(1.2)
     assert result["noise_median"] == pytest.approx(2 / 101)
@@ -508,3 +509,41 @@ def test_break_even_rate_is_the_draft_token_cost_the_speedup_implies():
     assert break_even_rate({**cell, "speedup": 1.0}) == pytest.approx(0.3)
     for missing in ({"acceptance_rate": None}, {"mean_acceptance_length": 1.0}, {"speedup": None}):
         assert break_even_rate({**cell, **missing}) is None
+
+
+def test_the_cost_of_a_verified_draft_token_is_k1_against_the_speculative_engine_at_k0():
+    from dynamo_spec.bench.phases import budget_schedule, draft_token_cost
+    from dynamo_spec.bench.speedups import SPEC_K0, verify_cost
+
+    def column(rates: dict[int, float], length: float | None = None) -> dict:
+        return {"cells": {"derive": {str(c): {"output_tokens_per_s": r, "mean_acceptance_length": length}
+                                     for c, r in rates.items()}}}
+
+    # k=1 yields L = 1.5 tokens a step; against the speculative engine at k=0 it serves 1.25x: a step
+    # drafting one token costs 1.5 / 1.25 = 1.2 plain steps, so verifying the token costs 0.2.
+    columns = {"k=0": column({1: 100, 4: 300, 8: 500}), SPEC_K0: column({1: 100, 4: 270, 8: 450}),
+               "k=1": column({1: 125, 4: 270 * 1.5 / 1.1, 8: 450 * 1.5 / 1.6}, length=1.5)}
+    assert verify_cost(columns, "derive", 1) == pytest.approx(0.2)
+    assert verify_cost(columns, "derive", 4) == pytest.approx(0.1)
+    assert verify_cost(columns, "derive", 8) == pytest.approx(0.6)
+    assert verify_cost(columns, "derive", 16) is None
+    # as the batch grows the cost never falls (the dip at 4 is noise): 0.2, 0.2, 0.6
+    assert draft_token_cost(columns, [1, 4, 8, 16]) == [[1, 0.2], [4, 0.2], [8, 0.6]]
+    assert draft_token_cost({"k=0": columns["k=0"]}, [1, 4]) is None
+    assert budget_schedule([[1, 1, 4], [2, 11, 1], [12, 128, 0]]) == [[1, 1, 5], [2, 11, 2], [12, 128, 0]]
+
+
+def test_the_report_says_where_the_budget_dropped_drafts():
+    from dynamo_spec.bench.speedups import BUDGET, SCHEDULE
+
+    cell = summary.summarize_rounds([(_round(10, 4, 2.0, drafts=20, accepted=10)[0],
+                                      {"drafts": 20, "draft_tokens": 30, "accepted": 10,
+                                       "budget_offered": 80, "budget_admitted": 32})])
+    assert cell["budget"] == {"drafted": 80, "admitted": 32}
+    result = {"derived": {"draft_token_cost": [[1, 0.12]], "budget_schedule": [[1, 128, 3]]},
+              "settings": {"concurrency": [1]},
+              "columns": {BUDGET: {"cells": {"judge": {"1": {**cell, "speedup": 1.3}}}},
+                          SCHEDULE: {"cells": {"judge": {"1": {"speedup": 1.2}}}}}}
+    text = "\n".join(render._budget(result))
+    assert "`[[1, 0.12]]`" in text and "`[[1, 128, 3]]`" in text
+    assert "| 1 | 1.30x | 1.20x | 1.083 | 80 | 32 | 10 | 1.50 |" in text
