@@ -7,6 +7,7 @@ core down fully on exit, before the next one starts.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 from ..config.settings import EngineSettings, Settings
@@ -17,12 +18,15 @@ from ..engine.process_env import prepare_engine_processes, temporary_vllm_dirs
 @contextlib.contextmanager
 def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
                 dtype: str = "bfloat16", kv_cache_bytes: int = 512 * 2**20,
-                max_num_seqs: int = 64, max_model_len: int = 2048, schedule=None, **extra):
+                max_num_seqs: int = 64, max_model_len: int = 2048, schedule=None, draft_budget: dict | None = None,
+                **extra):
     """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down.
 
     Its arguments come from a ``Settings`` through ``engine_args.engine_kwargs``, as the
     server's do; ``schedule``: the draft's batch-size schedule of k (``[[lo, hi, k], ...]``);
-    ``extra``: other engine settings (typed fields) or ``engine.extra`` fields."""
+    ``draft_budget``: ``speculative.draft_budget`` fields (the confidence budget, handed to the
+    engine's processes as the server hands it); ``extra``: other engine settings (typed fields)
+    or ``engine.extra`` fields."""
     engine = {"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
               "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": 0,
               "per_request_spec_decode_metrics": "none"}
@@ -32,10 +36,10 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     settings = Settings(
         engine=engine,
         speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
-                     "num_speculative_tokens_per_batch_size": schedule} if draft is not None
-        else {"enabled": False},
+                     "num_speculative_tokens_per_batch_size": schedule, "draft_budget": draft_budget or {}}
+        if draft is not None else {"enabled": False},
     )
-    with temporary_vllm_dirs():
+    with temporary_vllm_dirs(), _speculation_controls(settings):
         from vllm import LLM
 
         prepare_engine_processes(cpu_preload=settings.engine.cpu_preload)
@@ -45,6 +49,28 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
+
+
+@contextlib.contextmanager
+def _speculation_controls(settings: Settings):
+    """The engine environment of the guard and the confidence budget while the engine runs, then as it was."""
+    from ..engine.async_llm import set_speculation_controls
+    from ..vllm_patches.draft_budget import BUDGET_ENV
+    from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
+    from ..vllm_patches.speculation_guard import GUARD_ENV
+
+    names = (BUDGET_ENV, CONFIDENCE_ENV, GUARD_ENV)
+    saved = {name: os.environ.get(name) for name in names}
+    if settings.speculative.enabled and settings.speculative.draft_budget.enabled:
+        set_speculation_controls(os.environ, settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def request_params(llm, **fields):

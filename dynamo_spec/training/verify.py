@@ -13,7 +13,7 @@ Under batching (``--concurrency 1,4,16``): at each concurrency N both engines de
 N requests at once (``max_num_seqs``; all prompts are submitted together, so batches keep N
 requests and mix prefills with decodes), the speculative one with a fixed k and, with
 ``--schedule`` or ``--config``, with a batch-size schedule whose ranges the batch crosses as
-requests finish. What else moves greedy output between two runs is reported with the
+requests finish, and where the config turns it on, with the confidence budget too. What else moves greedy output between two runs is reported with the
 results: vLLM's CPU split-KV attention (``VLLM_CPU_ATTN_SPLIT_KV``), the chunked-prefill
 budget (draft tokens share it, so chunk boundaries move) and the threads.
 Exit status: 0 when no real difference, 1 otherwise.
@@ -59,7 +59,8 @@ def load_prompts(path: Path, n: int) -> list[list[dict]]:
 
 
 def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | None, k: int,
-         generation_config: str = "auto", concurrency: int | None = None, schedule=None):
+         generation_config: str = "auto", concurrency: int | None = None, schedule=None,
+         draft_budget: dict | None = None):
     from vllm.inputs import TokensPrompt
 
     from .offline_llm import offline_llm, request_params
@@ -68,7 +69,7 @@ def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | No
     # default raw ones: a margin is only meaningful on the distribution that chose.
     with offline_llm(target, draft=draft, k=k, dtype=dtype, generation_config=generation_config,
                      max_num_seqs=concurrency or max(8, len(prompt_ids)), schedule=schedule,
-                     logprobs_mode="processed_logprobs") as llm:
+                     draft_budget=draft_budget, logprobs_mode="processed_logprobs") as llm:
         params = request_params(llm, temperature=0.0, max_tokens=max_tokens, logprobs=5)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
                             use_tqdm=False)
@@ -124,16 +125,20 @@ def verify(target: Path, draft: Path, k: int, prompts: list[list[dict]], *,
 
 def verify_batched(target: Path, draft: Path, k: int, prompts: list[list[dict]], concurrency: list[int], *,
                    schedule=None, max_tokens: int = 128, dtype: str = "bfloat16",
-                   generation_config: str = "auto") -> tuple[list[dict], dict]:
-    """At each concurrency: the reference, then fixed k (and the schedule when given), each
-    compared token for token with the reference. Rows of {concurrency, variant, diffs}."""
+                   generation_config: str = "auto", draft_budget: dict | None = None) -> tuple[list[dict], dict]:
+    """At each concurrency: the reference, then fixed k (and the schedule when given, and the
+    schedule with the confidence budget when given), each compared token for token with the
+    reference. Rows of {concurrency, variant, diffs}."""
     ids = _prompt_ids(target, prompts)
     rows, applied = [], {}
-    variants = [(f"k={k}", None)] + ([(f"schedule {json.dumps(schedule)}", schedule)] if schedule else [])
+    variants = [(f"k={k}", None, None)] + ([(f"schedule {json.dumps(schedule)}", schedule, None)] if schedule else [])
+    if draft_budget:
+        variants.append(((f"schedule {json.dumps(schedule)}" if schedule else f"k={k}") + " + confidence budget",
+                         schedule, draft_budget))
     for n in concurrency:
         reference, applied = _run(target, ids, max_tokens, dtype, None, k, generation_config, n)
-        for name, sched in variants:
-            speculative, _ = _run(target, ids, max_tokens, dtype, draft, k, generation_config, n, sched)
+        for name, sched, budget in variants:
+            speculative, _ = _run(target, ids, max_tokens, dtype, draft, k, generation_config, n, sched, budget)
             rows.append({"concurrency": n, "variant": name, "diffs": compare(reference, speculative)})
     return rows, applied
 
@@ -172,6 +177,16 @@ def _schedule(args: argparse.Namespace):
     return None
 
 
+def _draft_budget(args: argparse.Namespace) -> dict | None:
+    """The config's confidence budget, where it turns it on."""
+    if not args.config:
+        return None
+    from ..config.loader import load_settings
+
+    budget = load_settings(args.config).settings.speculative.draft_budget
+    return budget.model_dump() if budget.enabled else None
+
+
 def _cmd(args: argparse.Namespace) -> int:
     setup_logging()
     prompts = load_prompts(args.prompts, args.n)
@@ -186,7 +201,7 @@ def _cmd(args: argparse.Namespace) -> int:
         return 1 if real else 0
     rows, applied = verify_batched(args.target, args.draft, args.k, prompts, args.concurrency,
                                    schedule=_schedule(args), max_tokens=args.max_tokens, dtype=args.dtype,
-                                   generation_config=args.generation_config)
+                                   generation_config=args.generation_config, draft_budget=_draft_budget(args))
     shown = ", ".join(f"{k} {v:g}" for k, v in applied.items()) or "no penalty"
     print(f"verify: {len(prompts)} prompts, greedy, {shown}; {conditions(args.dtype)}")
     print("\n| concurrency | speculation | identical | near-ties | real differences |\n|---|---|---|---|---|")
@@ -225,7 +240,7 @@ def register(subparsers) -> None:
                    "(all prompts submitted together); default: all at once, fixed k only")
     p.add_argument("--schedule", help="with --concurrency: also a batch-size schedule of k, JSON [[lo, hi, k], ...]")
     p.add_argument("--config", type=Path, help="with --concurrency: also the schedule this config applies "
-                   "for --dtype")
+                   "for --dtype, and with it the config's confidence budget where it is on")
     p.add_argument("--tie-nats", type=float, default=0.25,
                    help="a first difference within this log-prob margin is a near-tie")
     p.set_defaults(func=_cmd)

@@ -159,3 +159,27 @@ def test_draft_admission_cuts_each_request_to_what_the_budget_admits(monkeypatch
     # drafts without confidences (the confidence patch not installed): the budget does not cut
     wrapped(sched, DraftTokenIds(["unsure"], [[5, 6, 7]]))
     assert seen[0].draft_token_ids == [[5, 6, 7]]
+
+
+def test_the_engine_environment_carries_the_budget_only_while_it_is_on(monkeypatch):
+    from dynamo_spec.config.settings import Settings
+    from dynamo_spec.engine.async_llm import set_speculation_controls
+    from dynamo_spec.training.offline_llm import _speculation_controls
+    from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_ENV
+
+    on = Settings(engine={"model": "t"}, speculative={"model": "d", "draft_budget": {
+        "enabled": True, "draft_token_cost": [[1, 0.2], [8, 0.4]], "min_observations": 2}})
+    env: dict[str, str] = {}
+    set_speculation_controls(env, on)
+    assert env[CONFIDENCE_ENV] == "1"
+    config = db.BudgetConfig.from_env(env)
+    assert (config.draft_token_cost, config.min_observations) == (((1, 0.2), (8, 0.4)), 2)
+    set_speculation_controls(env, Settings(engine={"model": "t"}, speculative={"model": "d"}))
+    assert db.BUDGET_ENV not in env and CONFIDENCE_ENV not in env
+    # the offline engine of verify / eval-draft: set while it runs, as it was after
+    monkeypatch.delenv(db.BUDGET_ENV, raising=False)
+    monkeypatch.setenv(CONFIDENCE_ENV, "0")
+    import os
+    with _speculation_controls(on):
+        assert os.environ[CONFIDENCE_ENV] == "1" and db.BUDGET_ENV in os.environ
+    assert os.environ[CONFIDENCE_ENV] == "0" and db.BUDGET_ENV not in os.environ
