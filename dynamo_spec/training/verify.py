@@ -14,7 +14,8 @@ N requests at once (``max_num_seqs``; all prompts are submitted together, so bat
 requests and mix prefills with decodes), the speculative one with a fixed k and, with
 ``--schedule`` or ``--config``, with a batch-size schedule whose ranges the batch crosses as
 requests finish, and where the config turns it on, with the confidence budget too. What
-else moves greedy output between two runs is reported with the results: vLLM's CPU split-KV attention (``VLLM_CPU_ATTN_SPLIT_KV``), the chunked-prefill
+else moves greedy output between two runs is reported with the results: vLLM's CPU
+split-KV attention (``VLLM_CPU_ATTN_SPLIT_KV``), the chunked-prefill
 budget (draft tokens share it, so chunk boundaries move) and the threads.
 Exit status: 0 when no real difference, 1 otherwise.
 """
