@@ -174,19 +174,13 @@ def _confidence_log(enabled: bool):
         return
     from ..vllm_patches.draft_admission import CONFIDENCE_LOG_ENV
     from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
+    from .offline_llm import environ_restored
 
     with tempfile.TemporaryDirectory(prefix="dynamo-spec-calibration-") as tmp:
         log = Path(tmp) / "confidence.jsonl"
-        saved = {name: os.environ.get(name) for name in (CONFIDENCE_ENV, CONFIDENCE_LOG_ENV)}
-        os.environ.update({CONFIDENCE_ENV: "1", CONFIDENCE_LOG_ENV: str(log)})
-        try:
+        with environ_restored(CONFIDENCE_ENV, CONFIDENCE_LOG_ENV):
+            os.environ.update({CONFIDENCE_ENV: "1", CONFIDENCE_LOG_ENV: str(log)})
             yield log
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
 
 def _label(temperature) -> str:

@@ -52,17 +52,9 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
 
 
 @contextlib.contextmanager
-def _speculation_controls(settings: Settings):
-    """The engine environment of the guard and the confidence budget while the engine runs, then as it was."""
-    from ..engine.async_llm import set_speculation_controls
-    from ..vllm_patches.draft_budget import BUDGET_ENV
-    from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
-    from ..vllm_patches.speculation_guard import GUARD_ENV
-
-    names = (BUDGET_ENV, CONFIDENCE_ENV, GUARD_ENV)
+def environ_restored(*names: str):
+    """Let the body set these environment variables (for an engine's processes); afterwards each is as it was."""
     saved = {name: os.environ.get(name) for name in names}
-    if settings.speculative.enabled and settings.speculative.draft_budget.enabled:
-        set_speculation_controls(os.environ, settings)
     try:
         yield
     finally:
@@ -71,6 +63,20 @@ def _speculation_controls(settings: Settings):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _speculation_controls(settings: Settings):
+    """The engine environment of the guard and the confidence budget while the engine runs, then as it was."""
+    from ..engine.async_llm import set_speculation_controls
+    from ..vllm_patches.draft_budget import BUDGET_ENV
+    from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
+    from ..vllm_patches.speculation_guard import GUARD_ENV
+
+    with environ_restored(BUDGET_ENV, CONFIDENCE_ENV, GUARD_ENV):
+        if settings.speculative.enabled and settings.speculative.draft_budget.enabled:
+            set_speculation_controls(os.environ, settings)
+        yield
 
 
 def request_params(llm, **fields):
