@@ -49,10 +49,10 @@ to those worth verifying; it learns from every verified draft (4.).
 5. ``EngineCore.dynamo_spec_guard(state="")``: a utility method (the API process calls
    it with ``call_utility_async``): the guard's state and figures, after forcing
    ``state`` if one is given; None without a guard. ``EngineCore.dynamo_spec_draft_budget()``:
-   the confidence budget's counts (offered, admitted, explored) and calibration; None without one.
+   the confidence budget's counts (offered, admitted, explored, verified) and calibration; None without one.
 
 The confidence budget needs ``update_draft_token_ids``: with asynchronous scheduling
-(where the worker fills placeholders itself) it is not consulted, and preflight refuses
+(where the worker fills placeholders itself) it is not consulted, and the settings refuse
 the combination.
 
 A request whose cap is 0 is then verified as without speculation: its per-request stats
