@@ -29,6 +29,7 @@ from dynamo_spec.bench.schedule_config import write_schedule_config
 from dynamo_spec.bench.server import ManagedServer, server_rss, servers_that_fit
 from dynamo_spec.bench.speedups import BASELINE, BUDGET, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0, verify_cost
 from dynamo_spec.config import schedule as schedules
+from dynamo_spec.config.settings import MAX_DRAFT_TOKEN_COST
 
 if TYPE_CHECKING:
     from dynamo_spec.bench.runner import Prompts, Runner
@@ -70,24 +71,28 @@ def derive(run: Runner, columns: Mapping[str, Column]) -> Derived:
     config_file = write_schedule_config(options.config, schedule, options.out / SCHEDULE_CONFIG, run.plan.dtype,
                                         draft_token_cost=costs)
     return Derived(choice=choice, schedule=schedule, margin=options.margin, config_file=str(config_file),
-                   draft_token_cost=costs, budget_schedule=budget_schedule(schedule) if costs else None)
+                   draft_token_cost=costs,
+                   budget_schedule=budget_schedule(run.plan.configured or schedule) if costs else None)
 
 
 def draft_token_cost(columns: Mapping[str, Any], concurrencies: Sequence[int]) -> list[list[float]] | None:
     """[[concurrency, cost], ...]: `speedups.verify_cost` on the derive prompts, never falling as the
-    batch grows (a verified token does not get cheaper in a fuller step: a dip is noise)."""
+    batch grows (a verified token does not get cheaper in a fuller step: a dip is noise), capped at
+    the setting's bound (k=1 many times slower than k=0 means: never verify)."""
     points, top = [], 0.0
     for c in concurrencies:
         cost = verify_cost(columns, "derive", c)
         if cost is not None:
-            top = max(top, cost)
+            top = min(MAX_DRAFT_TOKEN_COST, max(top, cost))
             points.append([c, round(top, 3)])
     return points or None
 
 
 def budget_schedule(schedule: list[list[int]]) -> list[list[int]]:
-    """The schedule the confidence budget's column drafts under: one token more than the derived
-    schedule wherever it drafts (the budget trims what does not pay), k=0 ranges kept."""
+    """The schedule the confidence budget's column drafts under: one token more than `schedule` (the
+    config's own where it has one, else the derived one) wherever it drafts (the budget trims what
+    does not pay), k=0 ranges kept. Not the derived schedule alone: where it measured k=0 as best
+    (a noisy cell or a weak draft at that load) the budget would have nothing to choose from."""
     return [[lo, hi, k + 1 if k else 0] for lo, hi, k in schedule]
 
 

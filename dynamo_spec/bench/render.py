@@ -193,8 +193,8 @@ def _budget(result: Mapping[str, Any]) -> list[str]:
     if BUDGET not in columns:
         return lines + ["The budget's column was not measured (its schedule drafts nowhere).", ""]
     others = [name for name in (SCHEDULE, CONFIGURED) if name in columns]
-    lines += [f"Its column drafts under `{derived.get('budget_schedule')}` (the derived schedule, one token more "
-              "wherever it drafts) and verifies only the draft tokens worth it.", "",
+    lines += [f"Its column drafts under `{derived.get('budget_schedule')}` (the config's schedule, "
+              "else the derived one, one token more wherever it drafts) and verifies only the draft tokens worth it.", "",
               "| c | budget vs k=0 | " + " | ".join(f"{n} vs k=0 | budget vs {n}" for n in others)
               + " | drafted | admitted | accepted | mean acceptance length |",
               "|---|---|" + "---|---|" * len(others) + "---|---|---|---|"]

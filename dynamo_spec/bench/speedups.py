@@ -19,7 +19,8 @@ CONFIGURED = "config's schedule"
 # Speculation on, but k=0 at every batch size: what a schedule's k=0 ranges serve. vLLM keeps
 # the draft's KV cache current in those steps, so this is not free (see SPEC_K0 in choose.choose_k).
 SPEC_K0 = "k=0 (speculative engine)"
-# The derived schedule opened up (see phases.budget_schedule), with the confidence draft budget trimming it.
+# The config's schedule (else the derived one) opened up (see phases.budget_schedule),
+# with the confidence draft budget trimming it.
 BUDGET = "confidence budget"
 
 

@@ -2,7 +2,7 @@
 
 Durations: the tiny target generates ~100-190 tokens/s per stream on the 2-core runner
 (more in all when batched), so a 2,000-token request runs 10-20 s (it outlasts a 2 s
-timeout or a 1 s grace period) and a 300-token stream ~2-3 s (in flight long enough to
+timeout or a 1 s grace period) and a 1,000-token stream 5-10 s (in flight long enough to
 be seen). The fixtures warm the servers first: the first sampled request of a fresh
 vLLM cache takes seconds.
 """
@@ -116,7 +116,8 @@ def test_structured_outputs_not_an_object_is_400(server, route, body, value):
 
 def test_past_max_in_flight_answers_429_at_once(server):
     c = client(server)
-    streams = [c.completions.create(model="tiny", prompt=PROMPT, max_tokens=300, temperature=0, stream=True,
+    # 1,000 tokens (5-10 s): on a fast host two 300-token streams can end before the third request
+    streams = [c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1000, temperature=0, stream=True,
                                     extra_body={"ignore_eos": True}) for _ in range(2)]
     firsts = [next(iter(s)) for s in streams]  # both are running in the engine now
     assert all(f.choices for f in firsts)

@@ -530,6 +530,11 @@ def test_the_cost_of_a_verified_draft_token_is_k1_against_the_speculative_engine
     # as the batch grows the cost never falls (the dip at 4 is noise): 0.2, 0.2, 0.6
     assert draft_token_cost(columns, [1, 4, 8, 16]) == [[1, 0.2], [4, 0.2], [8, 0.6]]
     assert draft_token_cost({"k=0": columns["k=0"]}, [1, 4]) is None
+    # k=1 30x slower than k=0 (a slow host, tiny models): capped at what the setting accepts
+    slow = {**columns, "k=1": column({1: 100 / 30}, length=1.5)}
+    assert draft_token_cost(slow, [1]) == [[1, 10.0]]
+    from dynamo_spec.config.settings import DraftBudgetSettings
+    assert DraftBudgetSettings(draft_token_cost=draft_token_cost(slow, [1])).draft_token_cost == [(1, 10.0)]
     assert budget_schedule([[1, 1, 4], [2, 11, 1], [12, 128, 0]]) == [[1, 1, 5], [2, 11, 2], [12, 128, 0]]
 
 
