@@ -29,15 +29,16 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
                      max_new_tokens: int, max_prompt_tokens: int = 1024,
                      max_num_seqs: int = 256, kv_cache_gib: float = 2.0, seed: int = 0,
-                     minutes: float | None = None) -> Path:
-    """Append ``{"id", "source", "prompt_ids", "answer_ids", "answer"}`` rows (greedy;
+                     minutes: float | None = None, budget_name: str = "") -> Path:
+    """Append ``{"id", "source", "prompt_ids", "answer_ids", "answer", "finish_reason"}`` rows (greedy;
     rows with a ``temperature`` are sampled, seeded by ``seed`` and the row id).
 
     All prompts are queued at once (full batches throughout) in a seeded shuffled
     order, so any prefix is a balanced mix of the sources; each answer is written
     when it finishes. ``minutes`` caps the time spent over all runs (kept beside the
-    output): a run stops there, dropping unfinished answers; re-running continues
-    with the prompts not yet answered while budget is left.
+    output, by ``budget_name``: another pass appending to the same file has its own):
+    a run stops there, dropping unfinished answers; re-running continues with the
+    prompts not yet answered while budget is left.
     """
     from transformers import AutoTokenizer
     from vllm import SamplingParams
@@ -46,7 +47,7 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
     done = {r["id"] for r in read_jsonl(out_path)} if out_path.exists() else set()
     todo = [r for r in read_jsonl(prompts_path, split="train") if r["id"] not in done]
     random.Random(seed).shuffle(todo)
-    budget_file = out_path.with_suffix(".seconds")
+    budget_file = out_path.with_suffix(f".{budget_name}.seconds" if budget_name else ".seconds")
     spent = float(budget_file.read_text()) if budget_file.exists() else 0.0
     if not todo or (minutes is not None and spent >= 60 * minutes):
         logger.info("answers complete (%d rows, %.0f s spent): %s", len(done), spent, out_path)
@@ -81,7 +82,8 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
                 ans = list(out.outputs[0].token_ids)
                 n_tokens += len(ans)
                 f.write(json.dumps({"id": r["id"], "source": r["source"], "prompt_ids": ids,
-                                    "answer_ids": ans, "answer": out.outputs[0].text}) + "\n")
+                                    "answer_ids": ans, "answer": out.outputs[0].text,
+                                    "finish_reason": out.outputs[0].finish_reason}) + "\n")
                 bar.update(1)
             f.flush()
             budget_file.write_text(f"{spent + time.monotonic() - start:.0f}")

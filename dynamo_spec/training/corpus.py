@@ -163,7 +163,7 @@ def work_rows(work: Path) -> list[dict]:
     """The answers of a ``train-draft`` work dir as corpus rows (round not set yet); each
     answer's sampling temperature comes from the prompt rows (0.0: greedy)."""
     temperature = {}
-    for name in ("prompts.jsonl", "self_prompts.jsonl"):
+    for name in ("prompts.jsonl", "self_prompts.jsonl", "second_turn_prompts.jsonl"):
         if (work / name).exists():
             temperature.update({r["id"]: float(r.get("temperature") or 0.0) for r in read_jsonl(work / name)})
     rows = []

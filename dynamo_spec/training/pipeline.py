@@ -63,13 +63,17 @@ class PipelineConfig:
     self_prompts: int = _opt(0, "this many extra prompts written by the target itself (Magpie: sampled from "
                              "its chat template's start of a user turn)")
     self_temperature: float = _opt(0.8, "sampling temperature of those prompts")
-    self_kinds: str = _opt("mixed", "which requests to start: mixed (free ones and multiple-choice questions) or "
-                           "instructions (explanations, how-tos, recipes, tips, writing, comparisons)",
-                           choices=("mixed", "instructions"))
+    self_kinds: str = _opt("mixed", "which requests to start: mixed (free ones and multiple-choice questions), "
+                           "instructions (explanations, how-tos, recipes, tips, writing, comparisons) or everyday "
+                           "(instructions plus why/how questions and facts)",
+                           choices=("mixed", "instructions", "everyday"))
     self_answer_temperatures: tuple[float, ...] = _opt((0.0,), "the answers of those prompts, in turn at these "
                                                        "temperatures (0: greedy), e.g. '0,0.7,1'")
     answer_sources: tuple[str, ...] = _opt((), "answer only the prompts of these sources, e.g. 'magpie,mtbench' "
                                            "(default: all)")
+    second_turns: int = _opt(0, "this many answered conversations get a second user turn (a follow-up: shorter, "
+                             "an example, simpler, a rewrite, more on a point, ...) and are answered again at the "
+                             "first answer's temperature (--generator vllm)")
     self_seed: int | None = _opt(None, "sampling seed of those prompts (default: --seed); another seed gives new "
                                  "requests while the prompt split, set by --seed, stays")
     init_from: Path | None = _opt(None, "start from this draft's weights (fc, decoder layer, norm) instead of a "
@@ -87,6 +91,8 @@ class PipelineConfig:
     timings: dict = field(default_factory=dict, metadata={"cli": False})
 
     def __post_init__(self):
+        if self.second_turns and self.generator != "vllm":
+            raise ValueError("--second-turns needs --generator vllm")
         if self.corpus is None and (self.add_round or self.rounds):
             raise ValueError(f"--{'add-round' if self.add_round else 'rounds'} needs --corpus (the corpus folder)")
 
@@ -145,6 +151,14 @@ def _generate(cfg: PipelineConfig) -> None:
         answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
                          work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
                          seed=cfg.seed, minutes=cfg.answer_minutes)
+        if cfg.second_turns:
+            from .second_turns import write_second_turns
+
+            follow = write_second_turns(work / "second_turn_prompts.jsonl", prompts, answers, cfg.second_turns,
+                                        seed=cfg.seed if cfg.self_seed is None else cfg.self_seed)
+            answers = _timed(cfg, "second_turn_answers", generate_answers, cfg.target, follow,
+                             work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
+                             seed=cfg.seed, minutes=cfg.answer_minutes, budget_name="second_turns")
         if cfg.corpus is None:
             _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
                    work / "hidden", cfg.aux_layers, dtype=cfg.dtype)

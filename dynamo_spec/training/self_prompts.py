@@ -45,7 +45,18 @@ INSTRUCTION_KINDS: tuple[tuple[str, str], ...] = (
     ("What is the difference between", ""),
     ("How does", ""),
 )
-KIND_SETS = {"mixed": KINDS, "instructions": INSTRUCTION_KINDS}
+# The instruction kinds plus the questions the everyday set scores lowest on: explanations
+# of how and why things work, and facts about the world, history and the body.
+EVERYDAY_KINDS: tuple[tuple[str, str], ...] = INSTRUCTION_KINDS + (
+    ("Why do", ""),
+    ("Why is", ""),
+    ("What causes", ""),
+    ("Tell me about", ""),
+    ("What is", ""),
+    ("How did", ""),
+    ("Explain how", ""),
+)
+KIND_SETS = {"mixed": KINDS, "instructions": INSTRUCTION_KINDS, "everyday": EVERYDAY_KINDS}
 
 
 def pre_query_ids(tokenizer) -> list[int]:
