@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .offline_llm import offline_llm
+from .offline_llm import offline_llm, request_params
 from .rows import read_jsonl, sample_seed
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
                      max_new_tokens: int, max_prompt_tokens: int = 1024,
                      max_num_seqs: int = 256, kv_cache_gib: float = 2.0, seed: int = 0,
-                     minutes: float | None = None, budget_name: str = "") -> Path:
+                     minutes: float | None = None, budget_name: str = "",
+                     sampling: str = "plain") -> Path:
     """Append ``{"id", "source", "prompt_ids", "answer_ids", "answer", "finish_reason"}`` rows (greedy;
     rows with a ``temperature`` are sampled, seeded by ``seed`` and the row id).
 
@@ -39,6 +40,11 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
     output, by ``budget_name``: another pass appending to the same file has its own):
     a run stops there, dropping unfinished answers; re-running continues with the
     prompts not yet answered while budget is left.
+
+    ``sampling`` "plain": the row's temperature alone; "defaults": as the server samples
+    a request that sets only its temperature (the target's ``generation_config.json``
+    fills top_p, repetition_penalty and the like), so the draft learns the answers users
+    get at the shipped defaults.
     """
     from transformers import AutoTokenizer
     from vllm import SamplingParams
@@ -63,12 +69,12 @@ def generate_answers(target: Path, prompts_path: Path, out_path: Path, *,
 
     def params(r: dict) -> SamplingParams:  # greedy, or sampled as the row asks
         t = r.get("temperature") or 0.0
-        return SamplingParams(temperature=t, max_tokens=max_new_tokens,
-                              seed=sample_seed(seed, r["id"]) if t else None)
+        fields = {"temperature": t, "max_tokens": max_new_tokens, "seed": sample_seed(seed, r["id"]) if t else None}
+        return request_params(llm, **fields) if sampling == "defaults" else SamplingParams(**fields)
 
     start, n_tokens = time.monotonic(), 0
-    with offline_llm(target, kv_cache_bytes=int(kv_cache_gib * 2**30),
-                     max_num_seqs=max_num_seqs) as llm, open(out_path, "a") as f, \
+    with offline_llm(target, kv_cache_bytes=int(kv_cache_gib * 2**30), max_num_seqs=max_num_seqs) as llm, \
+            open(out_path, "a") as f, \
             tqdm(total=len(pending), desc="answers", unit="prompt") as bar:
         engine = llm.llm_engine
         rid_map = {key: key for key in pending}

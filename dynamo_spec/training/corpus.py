@@ -54,6 +54,17 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+SAMPLING_FIELDS = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def sampling_defaults(target: Path) -> dict:
+    """The sampling fields the target's ``generation_config.json`` sets besides the
+    temperature (what a round generated at the shipped defaults was sampled with)."""
+    path = Path(target) / "generation_config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    return {k: config[k] for k in SAMPLING_FIELDS if k in config}
+
+
 def target_checksum(target: Path) -> str:
     """``sha256:<hex>`` over the target's ``config.json`` and weight files (names and
     contents, sorted by name): the same for any copy of the model, wherever it lies."""

@@ -56,6 +56,10 @@ class PipelineConfig:
                       choices=("bfloat16", "float32"))
     generator: str = _opt("decoder", "decoder: one transformers pass keeps the hidden states while it decodes; "
                           "vllm: vLLM answers, then a separate states pass", choices=("decoder", "vllm"))
+    answer_sampling: str = _opt("plain", "plain: each answer at its temperature alone; defaults: as the server "
+                                "samples a request that sets only its temperature (the target's generation_config.json "
+                                "adds top_p, repetition_penalty), for a draft that serves the shipped defaults "
+                                "(--generator vllm)", choices=("plain", "defaults"))
     more_chitchat: int = _opt(20000, "extra chit-chat prompts (other cuts of non-held-out conversations)")
     samples: int = _opt(0, "extra sampled answers per train prompt of the small sources "
                         "(chatterbot, mtbench, humaneval, mmlu, bbh)")
@@ -91,8 +95,8 @@ class PipelineConfig:
     timings: dict = field(default_factory=dict, metadata={"cli": False})
 
     def __post_init__(self):
-        if self.second_turns and self.generator != "vllm":
-            raise ValueError("--second-turns needs --generator vllm")
+        if self.generator != "vllm" and (self.second_turns or self.answer_sampling != "plain"):
+            raise ValueError(f"--{'second-turns' if self.second_turns else 'answer-sampling'} needs --generator vllm")
         if self.corpus is None and (self.add_round or self.rounds):
             raise ValueError(f"--{'add-round' if self.add_round else 'rounds'} needs --corpus (the corpus folder)")
 
@@ -150,7 +154,7 @@ def _generate(cfg: PipelineConfig) -> None:
     else:
         answers = _timed(cfg, "answers", generate_answers, cfg.target, prompts,
                          work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
-                         seed=cfg.seed, minutes=cfg.answer_minutes)
+                         seed=cfg.seed, minutes=cfg.answer_minutes, sampling=cfg.answer_sampling)
         if cfg.second_turns:
             from .second_turns import write_second_turns
 
@@ -158,7 +162,8 @@ def _generate(cfg: PipelineConfig) -> None:
                                         seed=cfg.seed if cfg.self_seed is None else cfg.self_seed)
             answers = _timed(cfg, "second_turn_answers", generate_answers, cfg.target, follow,
                              work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
-                             seed=cfg.seed, minutes=cfg.answer_minutes, budget_name="second_turns")
+                             seed=cfg.seed, minutes=cfg.answer_minutes, budget_name="second_turns",
+                             sampling=cfg.answer_sampling)
         if cfg.corpus is None:
             _timed(cfg, "hidden_states", extract_hidden_states, cfg.target, answers,
                    work / "hidden", cfg.aux_layers, dtype=cfg.dtype)
@@ -170,7 +175,11 @@ def add_work_round(cfg: PipelineConfig) -> dict | None:
     from .corpus import add_round, work_rows
 
     generator = {"generator": cfg.generator, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                 "seed": cfg.seed}
+                 "seed": cfg.seed, "answer_sampling": cfg.answer_sampling}
+    if cfg.answer_sampling == "defaults":
+        from .corpus import sampling_defaults
+
+        generator["sampling_defaults"] = sampling_defaults(cfg.target)
     return add_round(cfg.corpus, work_rows(cfg.work_dir), cfg.target, generator)
 
 

@@ -22,8 +22,8 @@ PLUGIN_NAME = "dynamo_spec_cpu_fixes"
 # "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
 ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
 # The patch modules (each with CHECKED_ON and UPSTREAM_SIGNATURES).
-PATCHES = ("cpu_expand_kernel", "compile_cache", "zero_draft_steps", "draft_admission", "draft_confidence",
-           "zen_platform")
+PATCHES = ("cpu_expand_kernel", "compile_cache", "seeded_sampling", "zero_draft_steps", "draft_admission",
+           "draft_confidence", "zen_platform")
 
 
 def register() -> None:
@@ -52,6 +52,14 @@ def register() -> None:
                 logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
         except Exception:
             logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
+        try:
+            from dynamo_spec.vllm_patches import seeded_sampling
+
+            if patched := seeded_sampling.apply():
+                logger.debug("dynamo-spec: seeded sampling: patched %s", ", ".join(patched))
+        except Exception:
+            logger.exception("dynamo-spec: could not fix seeded requests; a 'seed' with a chunked prompt "
+                             "stops the CPU engine")
     try:
         from dynamo_spec.vllm_patches import draft_admission
 

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from dynamo_spec.training.corpus import (
     CorpusError,
@@ -244,3 +245,46 @@ def test_train_draft_adds_a_round_then_trains_on_the_corpus(tiny_models, tmp_pat
     assert second["answer_sequences"] == first["answer_sequences"] and second["steps"] == 2
     assert not (tmp_path / "work2" / "prompts.jsonl").exists()  # nothing generated
     assert json.loads((tmp_path / "draft2" / "config.json").read_text())["draft_vocab_size"] == 64
+
+
+def test_vllm_answers_at_the_shipped_defaults_with_second_turns(tiny_models, tmp_path):
+    """--generator vllm --answer-sampling defaults --second-turns: greedy answers under the target's
+    generation_config.json penalty differ from plain greedy ones and repeat less; answered first
+    turns come back as two-turn prompts; the round's manifest says how it was sampled."""
+    from dynamo_spec.training.answers import generate_answers
+    from dynamo_spec.training.pipeline import PipelineConfig, run_pipeline
+    from dynamo_spec.training.second_turns import FOLLOW_UPS, SUFFIX
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_models["target"], target)
+    (target / "generation_config.json").write_text(json.dumps({"repetition_penalty": 3.0, "top_p": 0.9}))
+    work = tmp_path / "work"
+    work.mkdir()
+    greedy = [r for r in PROMPTS if "temperature" not in r]
+    (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in greedy))
+    summary = run_pipeline(PipelineConfig(
+        target=target, out=tmp_path / "draft", work_dir=work, generator="vllm", answer_sampling="defaults",
+        second_turns=2, answer_minutes=None, max_new_tokens=24, steps=1, minutes=None, aux_layers=AUX,
+        draft_vocab=64, corpus=tmp_path / "data", add_round=True, states_cache=tmp_path / "cache", dtype="float32"))
+    (entry,) = load_manifest(tmp_path / "data")["rounds"]
+    assert entry["generator"]["answer_sampling"] == "defaults"
+    assert entry["generator"]["sampling_defaults"] == {"repetition_penalty": 3.0, "top_p": 0.9}
+    assert summary["corpus"]["rounds"] == [1]
+
+    tok = AutoTokenizer.from_pretrained(target)
+    rows = read_corpus(tmp_path / "data", target)
+    second = [r for r in rows if r["id"].endswith(SUFFIX)]
+    assert len(second) == 2
+    for r in second:
+        text = tok.decode(r["prompt_ids"])
+        assert any(f in text for f in FOLLOW_UPS) and text.count("<|im_start|>user") == 2, text
+
+    plain = generate_answers(target, work / "prompts.jsonl", tmp_path / "plain.jsonl", max_new_tokens=24)
+    plain = {r["id"]: r["answer_ids"] for r in read_jsonl(plain)}
+    penalised = {r["id"]: r["answer_ids"] for r in rows if r["id"] in plain}
+    assert penalised and any(penalised[i] != plain[i] for i in penalised)
+
+    def repeats(ids):
+        return len(ids) - len(set(ids))
+
+    assert sum(map(repeats, penalised.values())) < sum(repeats(plain[i]) for i in penalised)
