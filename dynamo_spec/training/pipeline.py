@@ -175,7 +175,10 @@ def add_work_round(cfg: PipelineConfig) -> dict | None:
     from .corpus import add_round, work_rows
 
     generator = {"generator": cfg.generator, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                 "seed": cfg.seed, "answer_sampling": cfg.answer_sampling}
+                 "seed": cfg.seed, "answer_sampling": cfg.answer_sampling,
+                 "prompts": {"answer_sources": list(cfg.answer_sources), "self_prompts": cfg.self_prompts,
+                             "self_kinds": cfg.self_kinds, "self_seed": cfg.self_seed,
+                             "self_temperature": cfg.self_temperature, "second_turns": cfg.second_turns}}
     if cfg.answer_sampling == "defaults":
         from .corpus import sampling_defaults
 
