@@ -81,7 +81,8 @@ def target_checksum(target: Path) -> str:
 # ------------------------------------------------------------------ evaluation filter
 
 
-def _normal(text: str) -> str:
+def normal_text(text: str) -> str:
+    """Whitespace runs as one space, case folded: how prompts are compared with the evaluation set."""
     return " ".join(text.split()).casefold()
 
 
@@ -94,11 +95,11 @@ class EvalFilter:
     def __init__(self, tokenizer, path: Path = EVERYDAY_EVAL):
         self.tokenizer = tokenizer
         self.path = Path(path)
-        self.texts = sorted({_normal(t) for t in eval_texts(self.path) if t.strip()})
+        self.texts = sorted({normal_text(t) for t in eval_texts(self.path) if t.strip()})
 
     def matches(self, prompts: list[list[int]]) -> list[bool]:
         decoded = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
-        return [any(t in _normal(d) for t in self.texts) for d in decoded]
+        return [any(t in normal_text(d) for t in self.texts) for d in decoded]
 
     def split(self, rows: list[dict]) -> tuple[list[dict], int]:
         """The rows that pass, and how many were dropped."""

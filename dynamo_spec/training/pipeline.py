@@ -159,7 +159,8 @@ def _generate(cfg: PipelineConfig) -> None:
             from .second_turns import write_second_turns
 
             follow = write_second_turns(work / "second_turn_prompts.jsonl", prompts, answers, cfg.second_turns,
-                                        seed=cfg.seed if cfg.self_seed is None else cfg.self_seed)
+                                        seed=cfg.seed if cfg.self_seed is None else cfg.self_seed,
+                                        avoid=eval_texts())
             answers = _timed(cfg, "second_turn_answers", generate_answers, cfg.target, follow,
                              work / "answers.jsonl", max_new_tokens=cfg.max_new_tokens,
                              seed=cfg.seed, minutes=cfg.answer_minutes, budget_name="second_turns",

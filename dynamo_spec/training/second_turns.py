@@ -10,8 +10,10 @@ list per conversation, seeded, so a round is reproducible.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
+from .corpus import normal_text
 from .rows import read_jsonl, write_jsonl
 
 FOLLOW_UPS: tuple[str, ...] = (
@@ -39,14 +41,19 @@ FOLLOW_UPS: tuple[str, ...] = (
 SUFFIX = "-t2"
 
 
-def write_second_turns(path: Path, prompts: Path, answers: Path, n: int, *, seed: int = 0) -> Path:
+def write_second_turns(path: Path, prompts: Path, answers: Path, n: int, *, seed: int = 0,
+                       avoid: Iterable[str] = ()) -> Path:
     """Write (once) at most ``n`` two-turn prompts to ``path``: a seeded choice of the
     first-turn conversations of ``prompts`` answered in ``answers`` (answers that ended
     on their own, not cut at the token limit), each followed by the answer and a
-    follow-up; id ``<id>-t2``, the first answer's source, split and temperature."""
+    follow-up; id ``<id>-t2``, the first answer's source, split and temperature.
+    Requests containing one of the ``avoid`` texts (the evaluation set's, which the
+    corpus drops) get none."""
     if path.exists():
         return path
-    rows = {r["id"]: r for r in read_jsonl(prompts)}
+    avoid = [normal_text(t) for t in avoid if t.strip()]
+    rows = {r["id"]: r for r in read_jsonl(prompts)
+            if not any(t in normal_text(m["content"]) for m in r["messages"] for t in avoid)}
     done = [a for a in read_jsonl(answers)
             if a["id"] in rows and not a["id"].endswith(SUFFIX) and a.get("finish_reason") != "length"
             and len(rows[a["id"]]["messages"]) == 1]

@@ -59,8 +59,8 @@ def median_ratio(cell: dict, base: dict) -> float:
 def test_every_cell_is_present_and_answered(bench):
     result, _, _ = bench
     expected = {f"k={k}": {"derive", "judge"} for k in KS} | {
-        "k=0 (speculative engine)": {"derive", "judge"}, "schedule": {"judge"}, "config's schedule": {"judge"},
-        "k=0 (repeat)": {"judge"}}
+        "k=0 (speculative engine)": {"derive", "judge"}, "schedule": {"judge"}, "confidence budget": {"judge"},
+        "config's schedule": {"judge"}, "k=0 (repeat)": {"judge"}}
     assert {name: set(col["cells"]) for name, col in result["columns"].items()} == expected
     for col in result["columns"].values():
         for cells in col["cells"].values():
@@ -119,7 +119,10 @@ def test_speedups_are_ratios_of_measured_rates(bench):
                 assert cell["output_tokens_per_s"] == pytest.approx(cell["output_tokens"] / cell["wall_s"])
     before = cols["schedule"]["reference"]["judge"]  # the k=0 server's turn before the schedule's, the repeat's after
     assert cols["k=0 (repeat)"]["reference"]["judge"] == cols["config's schedule"]["reference"]["judge"] == before
-    assert servers["final"] == ["schedule", "config's schedule", "k=0 (repeat)"]
+    # the budget's column drafts under the config's schedule opened up by one token: k=4, then k=2
+    assert cols["confidence budget"]["reference"]["judge"] == before
+    assert result["derived"]["budget_schedule"] == [[1, 1, 4], [2, 128, 2]]
+    assert servers["final"] == ["schedule", "confidence budget", "config's schedule", "k=0 (repeat)"]
     for c, v in result["verdict"].items():
         assert v["schedule_speedup"] == pytest.approx(median_ratio(cols["schedule"]["cells"]["judge"][c], before[c]))
         assert v["config_speedup"] == pytest.approx(

@@ -257,11 +257,21 @@ def test_vllm_answers_at_the_shipped_defaults_with_second_turns(tiny_models, tmp
 
     target = tmp_path / "target"
     shutil.copytree(tiny_models["target"], target)
-    (target / "generation_config.json").write_text(json.dumps({"repetition_penalty": 3.0, "top_p": 0.9}))
     work = tmp_path / "work"
     work.mkdir()
     greedy = [r for r in PROMPTS if "temperature" not in r]
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in greedy))
+    plain = generate_answers(target, work / "prompts.jsonl", tmp_path / "plain.jsonl", max_new_tokens=24)
+    plain = {r["id"]: r["answer_ids"] for r in read_jsonl(plain)}
+
+    # A random target rarely ends an answer by itself, and only answers that ended get a second
+    # turn: every token the plain answers never chose ends an answer here. The plain greedy
+    # answers loop on a few tokens; penalised ones leave that set (and so end) within a few.
+    generation = json.loads((target / "generation_config.json").read_text())
+    seen = {t for ids in plain.values() for t in ids}
+    stops = [t for t in range(json.loads((target / "config.json").read_text())["vocab_size"]) if t not in seen]
+    (target / "generation_config.json").write_text(json.dumps(
+        {**generation, "eos_token_id": [generation["eos_token_id"], *stops], "repetition_penalty": 3.0, "top_p": 0.9}))
     summary = run_pipeline(PipelineConfig(
         target=target, out=tmp_path / "draft", work_dir=work, generator="vllm", answer_sampling="defaults",
         second_turns=2, answer_minutes=None, max_new_tokens=24, steps=1, minutes=None, aux_layers=AUX,
@@ -279,8 +289,6 @@ def test_vllm_answers_at_the_shipped_defaults_with_second_turns(tiny_models, tmp
         text = tok.decode(r["prompt_ids"])
         assert any(f in text for f in FOLLOW_UPS) and text.count("<|im_start|>user") == 2, text
 
-    plain = generate_answers(target, work / "prompts.jsonl", tmp_path / "plain.jsonl", max_new_tokens=24)
-    plain = {r["id"]: r["answer_ids"] for r in read_jsonl(plain)}
     penalised = {r["id"]: r["answer_ids"] for r in rows if r["id"] in plain}
     assert penalised and any(penalised[i] != plain[i] for i in penalised)
 

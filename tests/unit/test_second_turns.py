@@ -45,3 +45,10 @@ def test_a_seeded_choice_of_n_written_once(tmp_path):
     assert len(a) == 3 and a == b
     write_jsonl(tmp_path / "a.jsonl", a[:1])
     assert len(read_jsonl(write_second_turns(tmp_path / "a.jsonl", prompts, answers, 3, seed=2))) == 1
+
+
+def test_requests_of_the_evaluation_set_get_no_second_turn(tmp_path):
+    prompts, answers = _files(tmp_path)
+    rows = read_jsonl(write_second_turns(tmp_path / "t2.jsonl", prompts, answers, 10, seed=1,
+                                         avoid=["QUESTION  1", "Question 3", " "]))
+    assert sorted(r["id"] for r in rows) == ["p0-t2", "p2-t2", "p4-t2"]
