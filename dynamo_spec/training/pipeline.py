@@ -1,8 +1,9 @@
 """``train-draft`` end to end: prompts -> target answers and hidden states -> training.
 
-Two ways to get answers and states: the default ``decoder`` (:mod:`.decode`, one pass
-that keeps the states as it decodes, about 2x vLLM's CPU throughput here), or ``vllm``
-(vLLM answers, then a transformers pass for the states). Every stage writes into
+Two ways to get answers and states: the default ``vllm`` (vLLM answers at a large batch,
+then one transformers prefill pass for the states), or ``decoder`` (:mod:`.decode`, one
+pass that keeps the states as it decodes); vLLM's path is the faster on CPU, prefill
+pass included (data/README.md, "What a round costs"). Every stage writes into
 ``work_dir`` and skips what is already there, so re-running the same command after an
 interruption resumes (training from its last checkpoint). ``data_from`` adds the
 answers and states of earlier work dirs: their prompts are not answered again.
@@ -54,8 +55,9 @@ class PipelineConfig:
     dtype: str = _opt("bfloat16", "the target's dtype in transformers (the decoder's answers and states, the "
                       "self-prompts, vllm's states pass); bfloat16 is the serving dtype",
                       choices=("bfloat16", "float32"))
-    generator: str = _opt("decoder", "decoder: one transformers pass keeps the hidden states while it decodes; "
-                          "vllm: vLLM answers, then a separate states pass", choices=("decoder", "vllm"))
+    generator: str = _opt("vllm", "vllm: vLLM answers at a large batch, then a prefill pass for the states "
+                          "(the faster); decoder: one transformers pass keeps the hidden states while it decodes",
+                          choices=("vllm", "decoder"))
     answer_sampling: str = _opt("plain", "plain: each answer at its temperature alone; defaults: as the server "
                                 "samples a request that sets only its temperature (the target's generation_config.json "
                                 "adds top_p, repetition_penalty), for a draft that serves the shipped defaults "

@@ -228,7 +228,8 @@ def test_train_draft_adds_a_round_then_trains_on_the_corpus(tiny_models, tmp_pat
     work.mkdir()
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     common = {"target": tiny_models["target"], "steps": 2, "minutes": None, "aux_layers": AUX, "draft_vocab": 64,
-              "corpus": tmp_path / "data", "states_cache": tmp_path / "cache", "dtype": "float32"}
+              "corpus": tmp_path / "data", "states_cache": tmp_path / "cache", "dtype": "float32",
+              "generator": "decoder"}
     first = run_pipeline(PipelineConfig(out=tmp_path / "draft1", work_dir=work, answer_minutes=None,
                                         max_new_tokens=8, add_round=True, **common))
     (entry,) = load_manifest(tmp_path / "data")["rounds"]

@@ -177,3 +177,19 @@ def test_sampling_defaults_reach_vllm(default_model: Path, vllm_env):
     diff = ModelConfig(model=str(default_model)).get_diff_sampling_param()
     sampling = {k: v for k, v in SAMPLING_DEFAULTS.items() if k != "do_sample"}
     assert diff == pytest.approx(sampling)  # every default is one vLLM reads from the file
+
+
+def test_the_committed_corpus_is_the_work_of_the_converted_target(default_model: Path, repo_root: Path):
+    """data/: every round's file matches its manifest entry (sha256, rows, tokens), no row is
+    of the evaluation set, and the target prepare-default converts on this machine has the
+    rounds' checksum, so `train-draft --corpus data` trains on them here."""
+    from dynamo_spec.training.corpus import load_manifest, read_corpus
+
+    manifest = load_manifest(repo_root / "data")
+    assert manifest["rounds"], "the corpus has no round"
+    rows = read_corpus(repo_root / "data", default_model)  # checksums, sha256 and the eval filter
+    for entry in manifest["rounds"]:
+        mine = [r for r in rows if r["round"] == entry["round"]]
+        assert entry["eval_filter"]["dropped"] == 0 and len(mine) == entry["tokens"]["rows"], entry["round"]
+        assert sum(len(r["answer_ids"]) for r in mine) == entry["tokens"]["answer_tokens"]
+        assert sum(len(r["prompt_ids"]) for r in mine) == entry["tokens"]["prompt_tokens"]

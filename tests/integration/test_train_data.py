@@ -64,7 +64,7 @@ def test_train_draft_end_to_end_with_self_prompts(tiny_models, tmp_path):
                  "messages": [{"role": "user", "content": "Which of the following is a prime?"}]})
     (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = PipelineConfig(target=tiny_models["target"], out=tmp_path / "draft", work_dir=work,
-                         steps=3, minutes=None, answer_minutes=None, max_new_tokens=8,
+                         generator="decoder", steps=3, minutes=None, answer_minutes=None, max_new_tokens=8,
                          aux_layers=(1, 2, 3), draft_vocab=64, self_prompts=3,
                          self_temperature=1.0, self_kinds="instructions",
                          self_answer_temperatures=(0.0, 0.7), answer_sources=("chitchat", "magpie"))
