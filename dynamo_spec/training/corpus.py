@@ -65,16 +65,66 @@ def sampling_defaults(target: Path) -> dict:
     return {k: config[k] for k in SAMPLING_FIELDS if k in config}
 
 
+# config.json fields that name the writer, not the model: another transformers version
+# writes the same target with another value.
+WRITER_CONFIG_KEYS = ("transformers_version", "_commit_hash", "_name_or_path")
+
+
+def _config_digest(path: Path) -> str:
+    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in WRITER_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _safetensors_tensors(path: Path) -> dict[str, tuple[Path, dict, int]] | None:
+    """``name -> (file, header entry, data start)`` of a safetensors file, or None when
+    the file is not one."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 2 <= n <= 100 << 20 else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    return {name: (path, entry, 8 + n) for name, entry in header.items() if name != "__metadata__"}
+
+
+def _tensor_digest(path: Path, entry: dict, base: int) -> str:
+    start, end = entry["data_offsets"]
+    h = hashlib.sha256(f"{entry['dtype']}\0{entry['shape']}\n".encode())
+    with open(path, "rb") as f:
+        f.seek(base + start)
+        left = end - start
+        while left > 0:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                raise CorpusError(f"{path}: truncated safetensors file")
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
 def target_checksum(target: Path) -> str:
-    """``sha256:<hex>`` over the target's ``config.json`` and weight files (names and
-    contents, sorted by name): the same for any copy of the model, wherever it lies."""
+    """``sha256:<hex>`` over what the target computes with: its ``config.json`` without
+    the writer's fields (:data:`WRITER_CONFIG_KEYS`), and its tensors by name (dtype,
+    shape, bytes) however the safetensors files split and order them; other weight files
+    (``*.bin``) by their bytes. The same for any copy of the model, wherever it lies and
+    whichever transformers version wrote it."""
     target = Path(target)
     weights = sorted({p for pattern in ("*.safetensors", "*.bin") for p in target.glob(pattern)})
     if not weights or not (target / "config.json").is_file():
         raise FileNotFoundError(f"{target}: a target needs config.json and weight files (*.safetensors or *.bin)")
     h = hashlib.sha256()
-    for path in [target / "config.json", *weights]:
-        h.update(f"{path.name}\0{_file_sha256(path)}\n".encode())
+    h.update(f"config.json\0{_config_digest(target / 'config.json')}\n".encode())
+    tensors: dict[str, tuple[Path, dict, int]] = {}
+    for path in weights:
+        found = _safetensors_tensors(path) if path.suffix == ".safetensors" else None
+        if found is None:
+            h.update(f"{path.name}\0{_file_sha256(path)}\n".encode())
+        else:
+            tensors.update(found)
+    for name in sorted(tensors):
+        h.update(f"tensor {name}\0{_tensor_digest(*tensors[name])}\n".encode())
     return "sha256:" + h.hexdigest()
 
 

@@ -322,22 +322,44 @@ def test_corpus_options_and_their_checks():
 
 
 def test_target_checksum_is_the_weights_and_config_not_the_place(tmp_path):
+    """The same tensors and config give the same checksum wherever the copy lies, whichever
+    transformers version wrote config.json, however the safetensors files split and order
+    the tensors; another tensor value, dtype or config value gives another."""
     import shutil
+
+    import torch
+    from safetensors.torch import save_file
 
     from dynamo_spec.training.corpus import target_checksum
 
+    tensors = {"a.weight": torch.arange(6, dtype=torch.float32).view(2, 3), "b.weight": torch.ones(4)}
     target = tmp_path / "a" / "model"
     target.mkdir(parents=True)
-    (target / "config.json").write_text(json.dumps(TARGET))
-    (target / "model.safetensors").write_bytes(b"weights")
+    (target / "config.json").write_text(json.dumps({**TARGET, "transformers_version": "5.19.0"}))
+    save_file(tensors, target / "model.safetensors")
     (target / "README.md").write_text("not part of it")
     first = target_checksum(target)
     assert first.startswith("sha256:") and len(first) == 7 + 64
-    shutil.copytree(target, tmp_path / "b" / "model")
-    (tmp_path / "b" / "model" / "README.md").write_text("changed")
-    assert target_checksum(tmp_path / "b" / "model") == first
-    (target / "model.safetensors").write_bytes(b"weightz")
+
+    other = tmp_path / "b" / "model"
+    shutil.copytree(target, other)
+    (other / "README.md").write_text("changed")
+    (other / "config.json").write_text(json.dumps({"transformers_version": "6.0.1", **TARGET}, indent=2))
+    (other / "model.safetensors").unlink()  # two shards, another order, metadata
+    save_file({"b.weight": tensors["b.weight"]}, other / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    save_file({"a.weight": tensors["a.weight"]}, other / "model-00002-of-00002.safetensors")
+    assert target_checksum(other) == first
+
+    save_file({**tensors, "b.weight": torch.ones(4) * 2}, target / "model.safetensors")
     assert target_checksum(target) != first
+    save_file({**tensors, "b.weight": torch.ones(4, dtype=torch.bfloat16)}, target / "model.safetensors")
+    assert target_checksum(target) != first
+    save_file(tensors, target / "model.safetensors")
+    assert target_checksum(target) == first
+    (target / "config.json").write_text(json.dumps({**TARGET, "hidden_size": TARGET["hidden_size"] + 1}))
+    assert target_checksum(target) != first
+    (target / "model.safetensors").write_bytes(b"not safetensors")  # hashed by its bytes
+    assert target_checksum(target).startswith("sha256:")
     (target / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="weight files"):
         target_checksum(target)
