@@ -75,33 +75,23 @@ def _config_digest(path: Path) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _safetensors_tensors(path: Path) -> dict[str, tuple[Path, dict, int]] | None:
-    """``name -> (file, header entry, data start)`` of a safetensors file, or None when
-    the file is not one."""
+def _tensor_digests(path: Path) -> dict[str, str] | None:
+    """``name -> sha256`` over each tensor's dtype, shape and bytes in a safetensors file,
+    or None when the file is not one."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 2 <= n <= 100 << 20 else None
-    except (OSError, ValueError):
+        with safe_open(str(path), "pt") as f:
+            digests = {}
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                t = f.get_tensor(name)
+                h = hashlib.sha256(f"{t.dtype}\0{list(t.shape)}\n".encode())
+                h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                digests[name] = h.hexdigest()
+            return digests
+    except SafetensorError:
         return None
-    if not isinstance(header, dict):
-        return None
-    return {name: (path, entry, 8 + n) for name, entry in header.items() if name != "__metadata__"}
-
-
-def _tensor_digest(path: Path, entry: dict, base: int) -> str:
-    start, end = entry["data_offsets"]
-    h = hashlib.sha256(f"{entry['dtype']}\0{entry['shape']}\n".encode())
-    with open(path, "rb") as f:
-        f.seek(base + start)
-        left = end - start
-        while left > 0:
-            chunk = f.read(min(left, 1 << 20))
-            if not chunk:
-                raise CorpusError(f"{path}: truncated safetensors file")
-            h.update(chunk)
-            left -= len(chunk)
-    return h.hexdigest()
 
 
 def target_checksum(target: Path) -> str:
@@ -116,15 +106,15 @@ def target_checksum(target: Path) -> str:
         raise FileNotFoundError(f"{target}: a target needs config.json and weight files (*.safetensors or *.bin)")
     h = hashlib.sha256()
     h.update(f"config.json\0{_config_digest(target / 'config.json')}\n".encode())
-    tensors: dict[str, tuple[Path, dict, int]] = {}
+    tensors: dict[str, str] = {}
     for path in weights:
-        found = _safetensors_tensors(path) if path.suffix == ".safetensors" else None
+        found = _tensor_digests(path) if path.suffix == ".safetensors" else None
         if found is None:
             h.update(f"{path.name}\0{_file_sha256(path)}\n".encode())
         else:
             tensors.update(found)
     for name in sorted(tensors):
-        h.update(f"tensor {name}\0{_tensor_digest(*tensors[name])}\n".encode())
+        h.update(f"tensor {name}\0{tensors[name]}\n".encode())
     return "sha256:" + h.hexdigest()
 
 
