@@ -7,13 +7,14 @@ and reports problems as one line each: what is wrong and how to fix it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
-import socket
+import math
 import struct
-import urllib.parse
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from dynamo_spec.config import eagle3_format, schedule
 from dynamo_spec.config.settings import Settings
@@ -33,30 +34,43 @@ class Problem:
         return f"{self.level}: {self.message}"
 
 
+class Tensor(NamedTuple):
+    shape: list[int]
+    nbytes: int
+
+
 @dataclass
 class Checkpoint:
     """What preflight knows about a model reference."""
 
     ref: str
     config: dict[str, Any]
-    directory: Path | None  # None for a hub id whose config was fetched
+    directory: Path | None  # None for a hub id
+    snapshot: Path | None = None  # a hub id: its folder in the local Hugging Face cache (where config.json is)
+
+    @cached_property
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor of the safetensors files, from their headers only (never the weights):
+        a directory's files; for a hub id the cached ones, else the Hub's headers."""
+        if self.directory is not None:
+            return _read_headers(sorted(self.directory.glob("*.safetensors")))
+        return _hub_tensors(self.ref, self.snapshot)
 
     def safetensors_shapes(self) -> dict[str, list[int]]:
-        shapes: dict[str, list[int]] = {}
-        if self.directory is None:
-            return shapes
-        for file in sorted(self.directory.glob("*.safetensors")):
-            with file.open("rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(size))
-            shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
-        return shapes
+        return {name: tensor.shape for name, tensor in self.tensors.items()}
 
     def weight_bytes(self) -> int | None:
-        if self.directory is None:
-            return None
-        files = list(self.directory.glob("*.safetensors")) or list(self.directory.glob("*.bin"))
-        return sum(f.stat().st_size for f in files) or None
+        """What the weights take: dtype x shape of each tensor (so a cache holding only the
+        headers gives the true size), else the size of the .bin files."""
+        if self.tensors:
+            return sum(tensor.nbytes for tensor in self.tensors.values()) or None
+        return self._bin_bytes
+
+    @cached_property
+    def _bin_bytes(self) -> int | None:
+        if self.directory is not None:
+            return _file_bytes(self.directory.glob("*.bin"))
+        return _hub_bin_bytes(self.ref, self.snapshot)
 
 
 def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Problem]:
@@ -72,7 +86,7 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         problems += _check_target(target, on_cpu)
     if draft is not None and eagle3_format.is_speculators(draft.config):
         problems += _check_speculators(draft, target, spec.method)
-        draft = Checkpoint(draft.ref, eagle3_format.vllm_view(draft.config), draft.directory)
+        draft = dataclasses.replace(draft, config=eagle3_format.vllm_view(draft.config))
     if spec.enabled and spec.method in ("eagle", "eagle3") and draft is not None:
         method_problems = _check_method(draft, spec.method)
         problems += method_problems
@@ -87,6 +101,10 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         for field, entry in schedule.entries(value):
             problems += [Problem("error", line)
                          for line in schedule.problems(entry, spec.num_speculative_tokens, max_num_seqs, where, field)]
+    problems += check_engine_path(settings, on_cpu)
+    problems += check_patches(settings, on_cpu)
+    if not on_cpu:
+        problems += check_driver(*_cuda_versions())
     problems += check_parallel(settings, on_cpu, None if on_cpu else _gpu_count())
     problems += check_tp_split(settings, target, draft)
     problems += _check_memory(settings, target, draft, on_cpu)
@@ -181,20 +199,7 @@ def _load(ref: str, field: str, problems: list[Problem]) -> Checkpoint | None:
 
 
 def _load_from_hub(ref: str, field: str, problems: list[Problem]) -> Checkpoint | None:
-    from huggingface_hub import constants, hf_hub_download
-
-    config_file = None
-    with contextlib.suppress(Exception):  # already in the local Hugging Face cache?
-        config_file = hf_hub_download(ref, "config.json", local_files_only=True)
-    reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else None
-    if config_file is None and reason is None:
-        if not _reachable(constants.ENDPOINT):
-            reason = "the Hub is not reachable from this machine"
-        else:
-            try:
-                config_file = hf_hub_download(ref, "config.json")
-            except Exception as exc:  # gated, missing, network: all mean "cannot check"
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    config_file, reason = _hub_config(ref)
     if config_file is None:
         problems.append(
             Problem(
@@ -205,16 +210,102 @@ def _load_from_hub(ref: str, field: str, problems: list[Problem]) -> Checkpoint 
             )
         )
         return None
-    return Checkpoint(ref, json.loads(Path(config_file).read_text()), None)
+    return Checkpoint(ref, json.loads(config_file.read_text()), None, snapshot=config_file.parent)
 
 
-def _reachable(url: str, timeout: float = 3.0) -> bool:
-    parsed = urllib.parse.urlparse(url)
+def _hub_config(ref: str) -> tuple[Path | None, str]:
+    """config.json from the local Hugging Face cache, else (unless offline) from the Hub, and
+    why not. All through huggingface_hub, as vLLM downloads: it honours HF_TOKEN, HTTPS_PROXY,
+    HF_ENDPOINT, HF_HUB_OFFLINE and the cache's location, which a socket of our own would not."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    with contextlib.suppress(Exception):
+        return Path(hf_hub_download(ref, "config.json", local_files_only=True)), ""
+    if constants.HF_HUB_OFFLINE:
+        return None, "HF_HUB_OFFLINE is set"
     try:
-        socket.create_connection((parsed.hostname, parsed.port or 443), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
+        # One request without retries first: on a failing connection hf_hub_download retries for ~25 s.
+        get_hf_file_metadata(hf_hub_url(ref, "config.json"))
+        return Path(hf_hub_download(ref, "config.json")), ""
+    except Exception as exc:  # gated, missing, network: all mean "cannot check"
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+
+
+# --- safetensors headers -----------------------------------------------------
+# The checks on tensor shapes and the memory estimate read headers only: a few kB per file,
+# whether the file is local, cached by huggingface_hub, or on the Hub.
+
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+               "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+SAFETENSORS_FILE, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def _tensor(dtype: str, shape: list[int], offsets: list[int] | tuple[int, int]) -> Tensor:
+    """A tensor's bytes from dtype x shape; a dtype not listed (sub-byte ones) from the header's offsets."""
+    nbytes = math.prod(shape) * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else offsets[1] - offsets[0]
+    return Tensor(list(shape), nbytes)
+
+
+def _read_headers(files: list[Path]) -> dict[str, Tensor]:
+    """The 8-byte little-endian length, then the JSON header: the weights after it are never read,
+    so a file holding only its header reads the same."""
+    tensors: dict[str, Tensor] = {}
+    for file in files:
+        with file.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        tensors.update({name: _tensor(v["dtype"], v["shape"], v["data_offsets"])
+                        for name, v in header.items() if name != "__metadata__"})
+    return tensors
+
+
+def _cached_safetensors(snapshot: Path) -> list[Path] | None:
+    """The safetensors files of a cached snapshot, or None unless all of them are there
+    (a cache may hold config.json alone, or some shards)."""
+    index = snapshot / SAFETENSORS_INDEX
+    if index.is_file():
+        files = sorted({snapshot / name for name in json.loads(index.read_text()).get("weight_map", {}).values()})
+    elif (snapshot / SAFETENSORS_FILE).is_file():
+        files = [snapshot / SAFETENSORS_FILE]
+    else:
+        return None
+    return files if files and all(f.is_file() for f in files) else None
+
+
+def _hub_tensors(ref: str, snapshot: Path | None) -> dict[str, Tensor]:
+    """A hub id's tensors: from the cache when it holds every safetensors file, else (unless
+    offline) the Hub's headers, which get_safetensors_metadata fetches alone, shards included."""
+    from huggingface_hub import HfApi, constants
+
+    cached = _cached_safetensors(snapshot) if snapshot is not None else None
+    if cached is not None:
+        return _read_headers(cached)
+    if constants.HF_HUB_OFFLINE:
+        return {}
+    try:
+        metadata = HfApi().get_safetensors_metadata(ref)
+    except Exception:  # .bin weights, gated, network: the checks that need shapes are skipped
+        return {}
+    return {name: _tensor(info.dtype, info.shape, info.data_offsets)
+            for file in metadata.files_metadata.values() for name, info in file.tensors.items()}
+
+
+def _file_bytes(files) -> int | None:
+    return sum(f.stat().st_size for f in files) or None
+
+
+def _hub_bin_bytes(ref: str, snapshot: Path | None) -> int | None:
+    """A hub id without safetensors files (.bin weights): the cached files' sizes, else the Hub's."""
+    from huggingface_hub import HfApi, constants
+
+    cached = _file_bytes(snapshot.glob("*.bin")) if snapshot is not None else None
+    if cached or constants.HF_HUB_OFFLINE:
+        return cached
+    try:  # bounded: the Hub may have just failed get_safetensors_metadata for want of a network
+        siblings = HfApi().model_info(ref, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
+    except Exception:
+        return None
+    return sum(s.size or 0 for s in siblings if s.rfilename.endswith(".bin") and "/" not in s.rfilename) or None
 
 
 # --- checks ------------------------------------------------------------------
@@ -375,6 +466,69 @@ def _mem_available() -> int:
     except OSError:
         pass
     return 0
+
+
+def check_engine_path(settings: Settings, on_cpu: bool) -> list[Problem]:
+    """A steering feature turned on that the runner or scheduling vLLM will choose here cannot run
+    (dynamo_spec/engine/paths.py; the server checks vLLM's own config again before it starts)."""
+    from dynamo_spec.engine import paths
+
+    path = paths.predict(settings, on_cpu=on_cpu, triton=paths.has_triton())
+    return [Problem("error", line) for line in paths.refusals(settings, path)]
+
+
+PATCHED_FEATURES: dict[str, Any] = {
+    "speculative.tenants": lambda spec: bool(spec.tenants),
+    "speculative.guard": lambda spec: spec.guard.enabled,
+    "speculative.draft_budget": lambda spec: spec.draft_budget.enabled,
+}
+
+
+def check_patches(settings: Settings, on_cpu: bool) -> list[Problem]:
+    """Fail closed where a patch of vLLM cannot apply (vLLM is not a version it was checked on):
+    a correctness fix is an error unless engine.allow_unpatched_vllm; a feature turned on that a
+    patch backs is an error (dynamo_spec/vllm_patches/__init__.py, PATCHES)."""
+    from dynamo_spec.vllm_patches import module, unapplied
+    from dynamo_spec.vllm_patches._upstream import FORCE_ENV, vllm_version
+
+    problems = []
+    for patch in unapplied(on_cpu):
+        checked = ", ".join(module(patch).CHECKED_ON)
+        why = f"vLLM {vllm_version()} is not a version its patch {patch.module} was checked on ({checked})"
+        fix = f"install vLLM {checked} (or set {FORCE_ENV}=1 to apply the patch anyway)"
+        if patch.kind == "correctness":
+            level = "warning" if settings.engine.allow_unpatched_vllm else "error"
+            problems.append(Problem(level, f"{why}; without it {patch.without}: {fix}, or set "
+                                           "engine.allow_unpatched_vllm: true to serve anyway"))
+        for field in patch.features:
+            if settings.speculative.enabled and PATCHED_FEATURES[field](settings.speculative):
+                problems.append(Problem("error", f"{field}: {why}, so it would do nothing: {fix}, or turn it off"))
+    return problems
+
+
+def check_driver(torch_cuda: str | None, driver_cuda: int | None) -> list[Problem]:
+    """The NVIDIA driver must support the CUDA version torch was built for (``torch.version.cuda``,
+    e.g. "13.0"; the driver's as CUDA reports it, e.g. 12080 for 12.8): an older driver fails at
+    the first kernel, minutes into the load."""
+    if not torch_cuda or not driver_cuda:
+        return []
+    major, minor = (int(x) for x in torch_cuda.split(".")[:2])
+    have = (driver_cuda // 1000, (driver_cuda % 1000) // 10)
+    if have >= (major, minor):
+        return []
+    return [Problem("error", f"the NVIDIA driver supports CUDA {have[0]}.{have[1]}, but this torch was built for "
+                             f"CUDA {torch_cuda} (the vllm wheel's): upgrade the driver (CUDA 13 needs 580 or "
+                             "newer), or install a torch and vllm built for the driver's CUDA")]
+
+
+def _cuda_versions() -> tuple[str | None, int | None]:
+    """torch's CUDA version and the driver's (None where there is no CUDA)."""
+    import torch
+
+    try:
+        return torch.version.cuda, torch._C._cuda_getDriverVersion() if torch.version.cuda else None
+    except Exception:  # noqa: BLE001 - no driver at all: torch.cuda reports it in its own words
+        return torch.version.cuda, None
 
 
 def _gpu_count() -> int | None:

@@ -173,6 +173,9 @@ class EngineSettings(_Section):
         "libtcmalloc-minimal4) into vLLM's engine processes where installed, as vLLM's CPU worker asks."
     )
     seed: int = 0
+    allow_unpatched_vllm: bool = Field(
+        False, description="Serve on a vLLM that dynamo-spec's correctness fixes (vllm_patches) were not checked "
+        "on: they stay off and the bugs they fix come back (sampled CPU output, seeded CPU requests).")
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
         "summary", description="Speculative stats on each response (metrics.speculative_decoding)."
     )
@@ -352,15 +355,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _draft_budget_has_confidences(self) -> Settings:
         spec = self.speculative
-        if spec.enabled and spec.draft_budget.enabled:
-            if spec.method not in CONFIDENCE_METHODS:
-                raise ValueError(f"speculative.draft_budget: needs the draft's probabilities, which method "
-                                 f"'{spec.method}' does not give (use one of {', '.join(sorted(CONFIDENCE_METHODS))}, "
-                                 "or draft_budget.enabled: false)")
-            if self.engine.extra.get("async_scheduling"):
-                raise ValueError("speculative.draft_budget: trims drafts in the scheduler, which asynchronous "
-                                 "scheduling bypasses: set engine.extra.async_scheduling: false, or "
-                                 "draft_budget.enabled: false")
+        if spec.enabled and spec.draft_budget.enabled and spec.method not in CONFIDENCE_METHODS:
+            raise ValueError(f"speculative.draft_budget: needs the draft's probabilities, which method "
+                             f"'{spec.method}' does not give (use one of {', '.join(sorted(CONFIDENCE_METHODS))}, "
+                             "or draft_budget.enabled: false)")
         return self
 
     @model_validator(mode="after")

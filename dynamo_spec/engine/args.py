@@ -70,6 +70,21 @@ def build_engine_args(settings: Settings):  # -> vllm.engine.arg_utils.AsyncEngi
     return AsyncEngineArgs(**engine_kwargs(settings, detect_host()))
 
 
+def serve_usage_context():  # -> vllm.usage.usage_lib.UsageContext
+    """``vllm serve``'s usage context: vLLM sizes max_num_seqs / max_num_batched_tokens by it, and
+    the default one (``ENGINE_CONTEXT``) gets 128 / 2,048 where ``vllm serve`` gets 1,024 / 8,192 on
+    an H100 (``EngineArgs.get_batch_defaults``)."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return UsageContext.OPENAI_API_SERVER
+
+
+def build_vllm_config(settings: Settings, engine_args=None):  # -> vllm.config.VllmConfig
+    """The config the server's engine is built from (from ``engine_args`` where given), sized as
+    ``vllm serve`` sizes it."""
+    return (engine_args or build_engine_args(settings)).create_engine_config(serve_usage_context())
+
+
 def vllm_serving_args(settings: Settings):  # -> argparse.Namespace
     """The namespace vLLM's OpenAI serving layer reads: model names, and server.frontend."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

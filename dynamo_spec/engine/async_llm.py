@@ -12,7 +12,8 @@ from typing import Any
 
 from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
-from dynamo_spec.engine.args import build_engine_args
+from dynamo_spec.engine import paths
+from dynamo_spec.engine.args import build_engine_args, build_vllm_config, serve_usage_context
 from dynamo_spec.engine.host import detect_host, resolve_dtype
 from dynamo_spec.engine.process_env import prepare_engine_processes
 from dynamo_spec.engine.teardown import set_worker_timeout, shutdown_engine
@@ -46,12 +47,39 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     applied, why_schedule = schedule.for_engine(settings, dtype)
     if why_schedule and settings.speculative.enabled:
         logger.info("%s: %s (%s)", schedule.FIELD, schedule.as_lists(applied), why_schedule)
-    engine_args = build_engine_args(settings)
-    engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args, stat_loggers=list(stat_loggers) or None)
+
+    def start() -> Any:  # in a thread: building vLLM's config alone inspects the models (seconds)
+        from vllm.v1.executor.abstract import Executor
+
+        # AsyncLLM.from_engine_args, with `vllm serve`'s usage context and the path checked in between
+        engine_args = build_engine_args(settings)
+        vllm_config = build_vllm_config(settings, engine_args)
+        check_engine_path(settings, vllm_config)
+        return AsyncLLM(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
+                        log_requests=engine_args.enable_log_requests, log_stats=not engine_args.disable_log_stats,
+                        usage_context=serve_usage_context(), stat_loggers=list(stat_loggers) or None)
+
+    engine = await asyncio.to_thread(start)
     try:
         yield engine
     finally:
         shutdown_engine(engine, settings.server.engine_stop_seconds)
+
+
+class EnginePathError(RuntimeError):
+    """A feature the settings turned on cannot run on the path this engine takes."""
+
+
+def check_engine_path(settings: Settings, vllm_config: Any) -> paths.EnginePath:
+    """From the config vLLM built, before any engine process starts: refuse a feature turned on that
+    this runner or scheduling cannot run (one line each), and say which automatic ones stay off."""
+    path = paths.from_vllm_config(vllm_config)
+    logger.info("engine path: %s", path)
+    if lines := paths.refusals(settings, path):
+        raise EnginePathError("; ".join(lines))
+    for line in paths.inactive(settings, path):
+        logger.warning("%s", line)
+    return path
 
 
 def set_speculation_controls(environ, settings: Settings) -> None:

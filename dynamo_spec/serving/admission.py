@@ -118,9 +118,10 @@ def _depth_exceeds(value: Any, max_depth: int) -> bool:
     return False
 
 
-def check_types(body: Any) -> None:
+def check_types(body: Any, caps_unavailable: str | None = None) -> None:
     """Raise a Refusal naming the field when a field vLLM expects as an object is not one, or
-    when the request's cap on draft tokens is not an integer >= 0."""
+    when the request's cap on draft tokens is not an integer >= 0 (or caps are unavailable:
+    ``caps_unavailable`` says why)."""
     if not isinstance(body, dict):
         return
     for field in OBJECT_FIELDS:
@@ -129,9 +130,12 @@ def check_types(body: Any) -> None:
             raise Refusal(400, "invalid", f"'{field}' must be an object or null, not {type(value).__name__}",
                           param=field)
     try:
-        draft_caps.requested_cap(body)
+        cap = draft_caps.requested_cap(body)
     except ValueError as exc:
         raise Refusal(400, "invalid", str(exc), param=draft_caps.PARAM) from None
+    if cap is not None and caps_unavailable:
+        raise Refusal(400, "invalid", f"'{draft_caps.PARAM}' is not available on this server: {caps_unavailable}",
+                      param=draft_caps.PARAM)
 
 
 def check_bounds(body: Any, limits: LimitsSettings) -> None:
@@ -166,12 +170,14 @@ def check_bounds(body: Any, limits: LimitsSettings) -> None:
 
 class AdmissionMiddleware:
     def __init__(self, app: ASGIApp, lifecycle: Lifecycle, limits: LimitsSettings,
-                 metrics: DynamoSpecMetrics | None, tenant_caps: draft_caps.TenantDraftCaps | None = None):
+                 metrics: DynamoSpecMetrics | None, tenant_caps: draft_caps.TenantDraftCaps | None = None,
+                 caps_unavailable: str | None = None):
         self.app = app
         self.lifecycle = lifecycle
         self.limits = limits
         self.metrics = metrics
         self.tenant_caps = tenant_caps
+        self.caps_unavailable = caps_unavailable
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1"):
@@ -183,7 +189,7 @@ class AdmissionMiddleware:
             if generation:
                 body = await self._read_body(scope, receive)
                 parsed = parse_body(body, self.limits.max_json_depth)
-                check_types(parsed)
+                check_types(parsed, self.caps_unavailable)
                 check_bounds(parsed, self.limits)
                 if self.tenant_caps is not None and (
                         merged := self.tenant_caps.merged(parsed, scope["headers"])) is not None:

@@ -20,9 +20,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
+from dynamo_spec.engine.host import on_cpu
 from dynamo_spec.serving import draft_budget, guard
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.serving.draft_caps import TenantDraftCaps
+from dynamo_spec.serving.draft_caps import unavailable as draft_caps_unavailable
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
 from dynamo_spec.serving.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
 from dynamo_spec.serving.metrics import DynamoSpecMetrics
@@ -98,7 +100,8 @@ def create_app(
     app.exception_handler(StarletteHTTPException)(http_exception_handler)
     # Middleware: the last added is the outermost. Order of a request: metrics, API key, admission.
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics,
-                       tenant_caps=TenantDraftCaps.from_settings(settings))
+                       tenant_caps=TenantDraftCaps.from_settings(settings),
+                       caps_unavailable=draft_caps_unavailable(on_cpu()))
     if settings.server.api_key is not None:
         guarded = ("/v1", "/admin", "/metrics") if settings.server.metrics_require_api_key else ("/v1", "/admin")
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)

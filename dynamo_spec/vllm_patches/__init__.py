@@ -12,24 +12,62 @@ platform (``zen_platform``) is a ``vllm.platform_plugins`` entry point of its ow
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+from dataclasses import dataclass
+from typing import Literal
 
 # Under the "vllm" logger so the lines show up with vLLM's own engine logs.
 logger = logging.getLogger("vllm.dynamo_spec_plugin")
 
-PLUGIN_NAME = "dynamo_spec_cpu_fixes"
 # "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
 ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
-# The patch modules (each with CHECKED_ON and UPSTREAM_SIGNATURES).
-PATCHES = ("cpu_expand_kernel", "compile_cache", "seeded_sampling", "zero_draft_steps", "draft_admission",
-           "draft_confidence", "zen_platform")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch module: where it applies, what it is for, and what goes wrong without it.
+
+    kind: ``correctness`` (without it the engine gives wrong output or crashes: the server does
+    not start where it cannot apply, unless ``engine.allow_unpatched_vllm``), ``feature`` (backs the
+    settings in ``features``: those are refused where it cannot apply), ``speed``."""
+
+    module: str
+    kind: Literal["correctness", "feature", "speed"]
+    without: str
+    cpu_only: bool = False
+    entry: str = "apply"
+    features: tuple[str, ...] = ()
+    off_env: str | None = None
+
+
+PATCHES = (
+    Patch("cpu_expand_kernel", "correctness", "speculative decoding with temperature > 0 emits garbage on CPU",
+          cpu_only=True, entry="apply_cpu_fixes"),
+    Patch("compile_cache", "speed", "every start compiles again", cpu_only=True),
+    Patch("seeded_sampling", "correctness", "a request with a seed whose prompt is prefilled in chunks stops "
+          "the CPU engine", cpu_only=True),
+    Patch("draft_admission", "feature", "every request drafts the step's k",
+          features=("speculative.tenants", "speculative.guard", "speculative.draft_budget")),
+    Patch("draft_confidence", "feature", "drafts are not trimmed by their confidence",
+          features=("speculative.draft_budget",)),
+    Patch("zero_draft_steps", "speed", "k=0 steps of a speculative engine keep vLLM's own cost",
+          off_env=ZERO_DRAFT_STEPS_ENV),
+)
+# The Zen platform is a vllm.platform_plugins entry point of its own (not registered here).
+PLATFORM_PATCHES = ("zen_platform",)
+
+
+def module(patch: Patch):
+    return importlib.import_module(f"{__name__}.{patch.module}")
 
 
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group (runs in every process).
 
-    Each patch installs on its own: a failure is logged loudly and never takes the engine down."""
+    Each patch installs on its own: a failure is logged loudly and never takes the engine down
+    (the server refuses beforehand what a patch that cannot apply would leave broken: ``unapplied``)."""
     try:
         from dynamo_spec.engine.host import on_cpu
 
@@ -37,51 +75,19 @@ def register() -> None:
     except Exception:
         logger.exception("dynamo-spec: could not tell vLLM's platform; the CPU patches stay off")
         cpu = False
-    if cpu:
+    for patch in PATCHES:
+        if (patch.cpu_only and not cpu) or (patch.off_env and os.environ.get(patch.off_env, "1") == "0"):
+            continue
         try:
-            from dynamo_spec.vllm_patches.cpu_expand_kernel import apply_cpu_fixes
-
-            apply_cpu_fixes()
+            if done := getattr(module(patch), patch.entry)():
+                logger.debug("dynamo-spec: %s: patched %s", patch.module, done)
         except Exception:
-            logger.exception("dynamo-spec: could not install the CPU rejection-sampler fix; "
-                             "speculative decoding with temperature > 0 may emit garbage on CPU")
-        try:
-            from dynamo_spec.vllm_patches import compile_cache
+            logger.exception("dynamo-spec: could not install %s; %s", patch.module, patch.without)
 
-            if installed := compile_cache.apply():
-                logger.debug("dynamo-spec: compile cache: installed %s", ", ".join(installed))
-        except Exception:
-            logger.exception("dynamo-spec: could not fix loading compiled models; every start compiles again")
-        try:
-            from dynamo_spec.vllm_patches import seeded_sampling
 
-            if patched := seeded_sampling.apply():
-                logger.debug("dynamo-spec: seeded sampling: patched %s", ", ".join(patched))
-        except Exception:
-            logger.exception("dynamo-spec: could not fix seeded requests; a 'seed' with a chunked prompt "
-                             "stops the CPU engine")
-    try:
-        from dynamo_spec.vllm_patches import draft_admission
+def unapplied(on_cpu: bool) -> list[Patch]:
+    """The patches that would stay off in an engine on this host: vLLM is not a version they were
+    checked on (``_upstream.applies``), quietly, for the server to decide before it starts."""
+    from dynamo_spec.vllm_patches._upstream import applies
 
-        if patched := draft_admission.apply():
-            logger.debug("dynamo-spec: draft admission: patched %s", ", ".join(patched))
-    except Exception:
-        logger.exception("dynamo-spec: could not install the per-request draft caps; "
-                         "every request drafts the step's k")
-    try:
-        from dynamo_spec.vllm_patches import draft_confidence
-
-        if patched := draft_confidence.apply():
-            logger.debug("dynamo-spec: draft confidence: patched %s", ", ".join(patched))
-    except Exception:
-        logger.exception("dynamo-spec: could not install the draft confidences; drafts are not trimmed by them")
-    if os.environ.get(ZERO_DRAFT_STEPS_ENV, "1") == "0":
-        return
-    try:
-        from dynamo_spec.vllm_patches import zero_draft_steps
-
-        if patched := zero_draft_steps.apply():
-            logger.debug("dynamo-spec: zero-draft steps: patched %s", ", ".join(patched))
-    except Exception:
-        logger.exception("dynamo-spec: could not install the zero-draft-step changes; "
-                         "k=0 steps of a speculative engine keep vLLM's own cost")
+    return [p for p in PATCHES if (on_cpu or not p.cpu_only) and not applies(module(p).CHECKED_ON)]

@@ -40,6 +40,11 @@ def release(version: str) -> str:
     return version.split("+", 1)[0].strip()
 
 
+def applies(checked_on: Sequence[str]) -> bool:
+    """Whether a patch checked on ``checked_on`` applies to the running vLLM (or is forced), quietly."""
+    return release(vllm_version()) in checked_on or os.environ.get(FORCE_ENV) == "1"
+
+
 def checked(patch: str, checked_on: Sequence[str]) -> bool:
     """Whether ``patch`` (its module's name) may apply to the running vLLM; logs one line when not."""
     running = vllm_version()

@@ -30,9 +30,13 @@ def in_flight(server) -> float:
     return metric(server, 'dynamo_spec_http_requests_in_flight{route="/v1/completions"}')
 
 
-def wait_in_flight(server, n: int, timeout: float = 60) -> None:
+def wait_in_flight(server, n: int, results: list, timeout: float = 60) -> None:
+    """Until the server counts `n` requests in flight. The streams were sent together (a
+    barrier), so all are in flight at once unless one already ended: that fails at once with
+    what it got, rather than waiting out the timeout (a fast host finishing short streams)."""
     deadline = time.monotonic() + timeout
     while in_flight(server) < n:
+        assert not results, f"a stream ended before {n} were in flight: {results}"
         assert time.monotonic() < deadline, f"{n} requests never in flight"
         time.sleep(0.05)
 
@@ -63,24 +67,30 @@ def test_sigterm_while_loading_exits_promptly_leaving_nothing(tiny_models, tmp_p
         srv.stop()
 
 
-def stream_in_thread(server, max_tokens: int, results: list):
+def start_streams(server, n: int, max_tokens: int, results: list) -> list[threading.Thread]:
+    """`n` greedy completion streams, each in a thread, sent together: every thread has its
+    client built before a barrier lets them all post, so they are in flight at the same time
+    whatever the host's speed. Each appends ("done", finish_reason) or ("error", ...)."""
+    barrier = threading.Barrier(n)
+
     def run():
         try:
             client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+            barrier.wait(30)
             stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=max_tokens,
                                                temperature=0, stream=True, extra_body={"ignore_eos": True})
-            tokens, finish = 0, None
+            finish = None
             for chunk in stream:
                 if chunk.choices:
-                    tokens += 1
                     finish = chunk.choices[0].finish_reason or finish
             results.append(("done", finish))
         except Exception as exc:  # a cut stream
             results.append(("error", repr(exc)))
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def pytorch_libgomp() -> str:
@@ -97,8 +107,8 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_models, tmp_path):
     env = {"LD_PRELOAD": pytorch_libgomp()}
     with ServerProcess(config(tiny_models, server={"shutdown_grace_seconds": 120}), tmp_path, env=env) as srv:
         results: list = []
-        threads = [stream_in_thread(srv, 800, results) for _ in range(3)]
-        wait_in_flight(srv, 3)
+        threads = start_streams(srv, 3, 800, results)
+        wait_in_flight(srv, 3, results)
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         health = requests.get(srv.url + "/health", timeout=5)
@@ -116,8 +126,8 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_models, tmp_path):
 def test_drain_past_the_grace_cuts_and_exits_1(tiny_models, tmp_path):
     with ServerProcess(config(tiny_models, server={"shutdown_grace_seconds": 1}), tmp_path) as srv:
         results: list = []
-        thread = stream_in_thread(srv, 2000, results)
-        wait_in_flight(srv, 1)
+        [thread] = start_streams(srv, 1, 2000, results)
+        wait_in_flight(srv, 1, results)
         srv.proc.send_signal(signal.SIGTERM)
         thread.join(60)
         assert srv.proc.wait(30) == 1
@@ -139,8 +149,8 @@ def test_serve_exits_only_after_its_processes_and_shared_memory_are_gone(tiny_mo
     with ServerProcess(cfg, tmp_path, env=env) as srv:
         watch = Watch(srv.proc.pid)
         results: list = []
-        threads = [stream_in_thread(srv, 300, results) for _ in range(8)]
-        wait_in_flight(srv, 8)
+        threads = start_streams(srv, 8, 300, results)
+        wait_in_flight(srv, 8, results)
         srv.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(240)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
+import math
 import shutil
+import struct
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -316,3 +321,314 @@ def test_a_schedule_per_dtype_names_an_unknown_dtype(pair, tmp_path):
     with pytest.raises(ConfigError, match=r"cli: speculative.num_speculative_tokens_per_batch_size.float32.0.2: "
                                           r"missing item$"):
         check(target, draft, "--speculative.num_speculative_tokens_per_batch_size", '{"float32": [[1, 2]]}')
+
+
+# --- hub ids: the GPU config's pair from a Hugging Face cache, or from a Hub behind a proxy ---
+# Header-only safetensors files with the real checkpoints' shapes: preflight reads headers only,
+# so Llama-3.1-8B costs a few hundred kB here and the memory check still sees its 15 GiB.
+
+GPU_CONFIG = "configs/llama-3.1-8b-instruct-eagle3.yaml"
+TARGET_ID, DRAFT_ID = "meta-llama/Meta-Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "I64": 8, "BOOL": 1}
+GiB = 1 << 30
+
+
+def header_only(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
+    """A safetensors file cut after its header: the 8-byte length, the JSON, no weights."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        end = offset + DTYPE_BYTES[dtype] * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    return struct.pack("<Q", len(blob)) + blob
+
+
+def llama_8b_files() -> dict[str, bytes]:
+    """Meta-Llama-3.1-8B-Instruct: its config.json, four shards and their index."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+              "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+              "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+              "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "torch_dtype": "bfloat16"}
+    h, inter, kv = 4096, 14336, 8 * 128
+    layer = {"input_layernorm.weight": [h], "post_attention_layernorm.weight": [h],
+             "self_attn.q_proj.weight": [h, h], "self_attn.k_proj.weight": [kv, h], "self_attn.v_proj.weight": [kv, h],
+             "self_attn.o_proj.weight": [h, h], "mlp.gate_proj.weight": [inter, h], "mlp.up_proj.weight": [inter, h],
+             "mlp.down_proj.weight": [h, inter]}
+    shards: list[dict[str, tuple[str, list[int]]]] = [{"model.embed_tokens.weight": ("BF16", [128256, h])}, {}, {}, {}]
+    for i in range(32):
+        shards[i // 8].update({f"model.layers.{i}.{name}": ("BF16", shape) for name, shape in layer.items()})
+    shards[3].update({"model.norm.weight": ("BF16", [h]), "lm_head.weight": ("BF16", [128256, h])})
+    names = [f"model-0000{n}-of-00004.safetensors" for n in range(1, 5)]
+    index = {"metadata": {}, "weight_map": {t: name for name, shard in zip(names, shards) for t in shard}}
+    files = {name: header_only(shard) for name, shard in zip(names, shards)}
+    return {"config.json": json.dumps(config).encode(), "model.safetensors.index.json": json.dumps(index).encode(),
+            **files}
+
+
+def eagle3_head_files(fc_inputs: int = 3, d2t_entries: int = 32000) -> dict[str, bytes]:
+    """An EAGLE-3 head for it as yuhuili's config.json describes it (no aux ids: vLLM's default
+    three), tensors named as vLLM's llama_eagle3.py loads them."""
+    from dynamo_spec.config.eagle3_format import tensor_shapes
+
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "vocab_size": 128256, "draft_vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-05,
+              "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
+              "torch_dtype": "float16"}
+    tensors = {name: ("F16", list(shape)) for name, shape in tensor_shapes(config).items()}
+    tensors["fc.weight"] = ("F16", [4096, fc_inputs * 4096])
+    tensors.update({"d2t": ("I64", [d2t_entries]), "t2d": ("BOOL", [128256])})
+    return {"config.json": json.dumps(config).encode(), "model.safetensors": header_only(tensors)}
+
+
+def weights_gib(files: dict[str, bytes]) -> float:
+    """What the headers add up to, dtype x shape."""
+    total = 0
+    for name, data in files.items():
+        if name.endswith(".safetensors"):
+            (size,) = struct.unpack("<Q", data[:8])
+            total += sum(v["data_offsets"][1] - v["data_offsets"][0] for v in json.loads(data[8:8 + size]).values())
+    return total / GiB
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch, repo_root: Path):
+    """An empty Hugging Face cache, offline, on a machine with one 80 GiB GPU; publish() puts a
+    repository into the cache (refs/main -> snapshots/COMMIT/, as huggingface_hub lays it out),
+    local() writes the same files as a plain directory, check() runs preflight on the GPU config."""
+    import huggingface_hub.constants as hf_constants
+
+    from dynamo_spec.config import preflight
+
+    cache_dir = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache_dir))  # huggingface_hub reads both at import
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(preflight, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(preflight, "_gpu_memory", lambda: 80 * GiB)
+
+    class Hub:
+        cache = cache_dir
+
+        def publish(self, repo_id: str, files: dict[str, bytes]) -> None:
+            repo = self.cache / f"models--{repo_id.replace('/', '--')}"
+            (repo / "refs").mkdir(parents=True, exist_ok=True)
+            (repo / "refs" / "main").write_text(COMMIT)
+            self._write(repo / "snapshots" / COMMIT, files)
+
+        def local(self, name: str, files: dict[str, bytes]) -> Path:
+            return self._write(tmp_path / "local" / name, files)
+
+        @staticmethod
+        def _write(directory: Path, files: dict[str, bytes]) -> Path:
+            directory.mkdir(parents=True, exist_ok=True)
+            for name, data in files.items():
+                (directory / name).write_bytes(data)
+            return directory
+
+        @staticmethod
+        def check(*overrides: str) -> list[str]:
+            settings = load_settings(repo_root / GPU_CONFIG, list(overrides), {}).settings
+            return [str(p) for p in run_preflight(settings, on_cpu=False)]
+
+    return Hub()
+
+
+def check_local(hub, target: Path, draft: Path, *overrides: str) -> list[str]:
+    """The same check with both checkpoints as local directories, lines written with the hub ids."""
+    lines = hub.check("--engine.model", str(target), "--speculative.model", str(draft), *overrides)
+    return [line.replace(str(target), TARGET_ID).replace(str(draft), DRAFT_ID) for line in lines]
+
+
+def test_gpu_config_pair_from_the_hf_cache_passes(hub, repo_root):
+    config = yaml.safe_load((repo_root / GPU_CONFIG).read_text())
+    assert (config["engine"]["model"], config["speculative"]["model"]) == (TARGET_ID, DRAFT_ID)
+    hub.publish(TARGET_ID, llama_8b_files())
+    hub.publish(DRAFT_ID, eagle3_head_files())
+    assert hub.check() == []
+    # It passed having read the shapes, from the cached headers.
+    from dynamo_spec.config.preflight import _load
+
+    draft = _load(DRAFT_ID, "speculative.model", [])
+    assert draft.directory is None and draft.safetensors_shapes()["d2t"] == [32000]
+    assert draft.safetensors_shapes()["fc.weight"] == [4096, 3 * 4096]
+
+
+@pytest.mark.parametrize("head, expected", [
+    ({"fc_inputs": 2}, f"error: draft {DRAFT_ID}: fc takes 2 hidden states but 3 aux layer ids are configured ([2, 16, 29])"),
+    ({"d2t_entries": 31999}, f"error: draft {DRAFT_ID}: d2t has 31999 entries but draft_vocab_size is 32000"),
+])
+def test_hub_draft_with_bad_tensors_fails_as_a_directory_does(hub, head, expected):
+    hub.publish(TARGET_ID, llama_8b_files())
+    hub.publish(DRAFT_ID, eagle3_head_files(**head))
+    assert hub.check() == [expected]
+    target, draft = hub.local("target", llama_8b_files()), hub.local("draft", eagle3_head_files(**head))
+    assert check_local(hub, target, draft) == [expected]
+
+
+def test_memory_check_sees_the_hub_target_weights(hub, monkeypatch):
+    """An 8B target in bf16 (15 GiB) on a 16 GiB GPU at gpu_memory_utilization 0.8 does not fit:
+    preflight says so from the cached headers, with the size a local directory gives."""
+    from dynamo_spec.config import preflight
+
+    monkeypatch.setattr(preflight, "_gpu_memory", lambda: 16 * GiB)
+    hub.publish(TARGET_ID, llama_8b_files())
+    hub.publish(DRAFT_ID, eagle3_head_files())
+    weights = weights_gib(llama_8b_files()) + weights_gib(eagle3_head_files())
+    assert 15.6 < weights < 15.8  # 8.03B parameters in bf16 and the head's 0.42B in fp16
+    problem = only_error(hub.check())
+    assert problem.startswith(f"error: memory: weights {weights:.1f} GiB + KV cache 0.0 GiB") and "(12.8 GiB)" in problem
+    target, draft = hub.local("target", llama_8b_files()), hub.local("draft", eagle3_head_files())
+    assert check_local(hub, target, draft) == [problem]
+
+
+def test_hub_draft_with_bin_weights_counts_their_size(hub, monkeypatch):
+    """.bin weights have no header to read: their cached files' sizes count, as a directory's do
+    (a sparse 4 GiB file: nothing written)."""
+    from dynamo_spec.config import preflight
+
+    monkeypatch.setattr(preflight, "_gpu_memory", lambda: 16 * GiB)
+    bin_draft = {"config.json": eagle3_head_files()["config.json"], "pytorch_model.bin": b""}
+    hub.publish(TARGET_ID, llama_8b_files())
+    hub.publish(DRAFT_ID, bin_draft)
+    target, draft = hub.local("target", llama_8b_files()), hub.local("draft", bin_draft)
+    for directory in (hub.cache / f"models--{DRAFT_ID.replace('/', '--')}" / "snapshots" / COMMIT, draft):
+        with (directory / "pytorch_model.bin").open("r+b") as f:
+            f.truncate(4 * GiB)
+    problem = only_error(hub.check())
+    assert problem.startswith(f"error: memory: weights {weights_gib(llama_8b_files()) + 4:.1f} GiB"), problem
+    assert check_local(hub, target, draft) == [problem]
+
+
+def test_hub_target_without_its_weights_cached_is_not_checked_offline(hub):
+    """Offline with config.json alone in the cache: the checks that need the target's tensors are
+    skipped, not failed (8 GiB of GPU would not hold its 15 GiB; the cached draft's 0.8 GiB fit)."""
+    hub.publish(TARGET_ID, {"config.json": llama_8b_files()["config.json"]})
+    hub.publish(DRAFT_ID, eagle3_head_files())
+    assert hub.check("--engine.gpu_memory_utilization", "0.1") == []
+    hub.publish(DRAFT_ID, eagle3_head_files(d2t_entries=31999))
+    assert hub.check("--engine.gpu_memory_utilization", "0.1") == [
+        f"error: draft {DRAFT_ID}: d2t has 31999 entries but draft_vocab_size is 32000"]
+
+
+class _HubBehindProxy(http.server.BaseHTTPRequestHandler):
+    """A forward proxy that answers for the Hub itself: it gets absolute URLs
+    (http://hub.invalid/ORG/NAME/resolve/REV/FILE) and serves files, with Range."""
+
+    files: dict[str, bytes] = {}  # "ORG/NAME/FILE" -> bytes
+    requests: list[tuple[str, str, str | None]] = []  # method, "ORG/NAME/FILE", Range
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        org, name, _, _, file = urllib.parse.urlsplit(self.path).path.strip("/").split("/", 4)
+        self.requests.append((self.command, f"{org}/{name}/{file}", self.headers.get("Range")))
+        data = self.files.get(f"{org}/{name}/{file}")
+        if data is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        status, part = 200, data
+        if self.headers.get("Range"):
+            first, _, last = self.headers["Range"].removeprefix("bytes=").partition("-")
+            status, part = 206, data[int(first):int(last or len(data) - 1) + 1]
+        self.send_response(status)
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.send_header("Content-Length", str(len(part)))
+        self.end_headers()
+        if body:
+            self.wfile.write(part)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def hub_behind_proxy(hub, monkeypatch):
+    """The Hub at http://hub.invalid, reachable only through HTTP_PROXY: a direct connection
+    to anything but the proxy fails, as on a machine behind a corporate proxy."""
+    import socket
+    import threading
+
+    import huggingface_hub
+    import huggingface_hub.constants as hf_constants
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HubBehindProxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_address[1]}"
+    for var in ("HF_HUB_OFFLINE", "NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", "http://hub.invalid")
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", "http://hub.invalid/{repo_id}/resolve/{revision}/{filename}")
+    direct = socket.create_connection
+
+    def only_the_proxy(address, *args, **kwargs):
+        if address[0] != "127.0.0.1":
+            raise OSError(f"direct connection to {address[0]} refused: only the proxy is reachable")
+        return direct(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", only_the_proxy)
+    huggingface_hub.close_session()  # its shared client read the proxy settings when it was made
+    yield _HubBehindProxy
+    huggingface_hub.close_session()
+    server.shutdown()
+    server.server_close()
+    _HubBehindProxy.files, _HubBehindProxy.requests = {}, []
+
+
+def test_hub_pair_through_a_proxy_gets_every_check(hub, hub_behind_proxy):
+    """Nothing cached: config.json and the safetensors headers come from the Hub through the
+    proxy, and the checks on shapes run as for a local directory."""
+    from dynamo_spec.config import preflight
+
+    assert not hasattr(preflight, "socket")  # no probe of our own that a proxy would not carry
+    served = hub_behind_proxy.files
+    served.update({f"{TARGET_ID}/{name}": data for name, data in llama_8b_files().items()})
+    served.update({f"{DRAFT_ID}/{name}": data for name, data in eagle3_head_files(d2t_entries=31999).items()})
+    assert hub.check() == [f"error: draft {DRAFT_ID}: d2t has 31999 entries but draft_vocab_size is 32000"]
+    fetched = {(method, file) for method, file, _ in hub_behind_proxy.requests}
+    assert {("GET", f"{TARGET_ID}/config.json"), ("GET", f"{DRAFT_ID}/config.json")} <= fetched
+    # The five safetensors files: their first bytes only (a ranged GET each), never the weights.
+    gets = [(file, part) for method, file, part in hub_behind_proxy.requests if method == "GET" and file.endswith(".safetensors")]
+    assert len({file for file, _ in gets}) == 5 and all(part and part.startswith("bytes=0-") for _, part in gets), gets
+
+
+def test_uncached_hub_id_with_the_hub_unreachable_is_one_line(hub, monkeypatch):
+    """Not offline, nothing cached, nothing answering at HF_ENDPOINT: huggingface_hub's own error,
+    once (no retries for half a minute), and what to do."""
+    import socket
+    import time
+
+    import huggingface_hub.constants as hf_constants
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed once the socket is
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    hub.publish(DRAFT_ID, eagle3_head_files())
+    start = time.monotonic()
+    problem = only_error(hub.check())
+    assert time.monotonic() - start < 10
+    assert problem.startswith(f"error: engine.model: {TARGET_ID} is not a local directory and its config.json could not "
+                              "be fetched from the Hugging Face Hub (")
+    assert "not reachable from this machine" not in problem and "\n" not in problem
+    assert f"huggingface-cli download {TARGET_ID} --local-dir DIR" in problem and "set HF_TOKEN" in problem

@@ -49,6 +49,9 @@ DRAFT_ADMISSION_ADDED = ("vllm.v1.engine.core:EngineCore.dynamo_spec_guard",
                          "vllm.v1.engine.core:EngineCore.dynamo_spec_draft_budget")
 
 
+PATCH_MODULES = [p.module for p in vllm_patches.PATCHES] + list(vllm_patches.PLATFORM_PATCHES)
+
+
 def patch_module(name: str) -> Any:
     return importlib.import_module(f"dynamo_spec.vllm_patches.{name}")
 
@@ -69,7 +72,7 @@ def upstream(qualified: str) -> Any:
 # --------------------------------------------------------------------------- upstream signatures
 
 
-@pytest.mark.parametrize("patch", vllm_patches.PATCHES)
+@pytest.mark.parametrize("patch", PATCH_MODULES)
 def test_the_upstream_functions_keep_the_signatures_the_patch_was_written_for(patch: str) -> None:
     """A changed signature means upstream changed what the patch replaces or calls: check the
     patch against the new code, then update UPSTREAM_SIGNATURES (and CHECKED_ON)."""
@@ -86,7 +89,7 @@ def test_the_upstream_functions_keep_the_signatures_the_patch_was_written_for(pa
     assert not changed, f"{patch}: upstream changed: {changed}"
 
 
-@pytest.mark.parametrize("patch", vllm_patches.PATCHES)
+@pytest.mark.parametrize("patch", PATCH_MODULES)
 def test_the_installed_vllm_is_one_the_patch_was_checked_on(patch: str) -> None:
     """Otherwise every patch is inactive here (the guard): the fixes they carry are gone."""
     module = patch_module(patch)
@@ -306,3 +309,64 @@ def test_unchecked_vllm_the_general_plugin_registers_nothing_and_does_not_fail(r
     assert all(len(inactive_lines(caplog, m.__name__)) == 1 for m in expected)
     assert current("vllm.utils.cpu_triton_utils:_expand_kernel_impl") is upstream_state["expand"]
     assert all(current(q) is upstream_state[q] for q in ZERO_DRAFT_WRAPPED + DRAFT_ADMISSION_WRAPPED)
+
+
+# --------------------------------------------------------------------------- failing closed
+
+
+def patched_settings(**speculative):
+    from dynamo_spec.config.settings import Settings
+
+    return Settings(engine={"model": "t", **speculative.pop("engine", {})},
+                    speculative={"method": "eagle3", "model": "d", **speculative},
+                    metrics={"tenant_header": "X-Tenant"})
+
+
+def test_on_an_unchecked_vllm_preflight_refuses_to_serve_without_the_correctness_fixes(running) -> None:
+    """Each correctness fix that cannot apply is one error line naming what breaks and how to serve
+    anyway; the explicit setting turns them into warnings. On a GPU the CPU fixes do not apply."""
+    from dynamo_spec.config.preflight import check_patches
+
+    running(UNCHECKED)
+    errors = [p.message for p in check_patches(patched_settings(), on_cpu=True) if p.level == "error"]
+    assert len(errors) == 2, errors
+    assert any("cpu_expand_kernel" in e and "garbage" in e for e in errors)
+    assert any("seeded_sampling" in e and "stops the CPU engine" in e for e in errors)
+    assert all(f"vLLM {UNCHECKED}" in e and "engine.allow_unpatched_vllm: true" in e for e in errors)
+    allowed = check_patches(patched_settings(engine={"allow_unpatched_vllm": True}), on_cpu=True)
+    assert [p.level for p in allowed] == ["warning", "warning"]
+    assert check_patches(patched_settings(), on_cpu=False) == []
+    running("0.32.0")
+    assert check_patches(patched_settings(), on_cpu=True) == []
+
+
+@pytest.mark.parametrize("speculative, field", [
+    ({"guard": {"enabled": True}}, "speculative.guard"),
+    ({"tenants": {"free": {"max_draft_tokens": 1}}}, "speculative.tenants"),
+    ({"draft_budget": {"enabled": True}}, "speculative.draft_budget"),
+])
+def test_on_an_unchecked_vllm_a_feature_its_patch_backs_is_refused(running, speculative, field) -> None:
+    from dynamo_spec.config.preflight import check_patches
+
+    running(UNCHECKED)
+    errors = [p.message for p in check_patches(patched_settings(**speculative), on_cpu=False)]
+    assert errors and all(e.startswith(f"{field}: vLLM {UNCHECKED} is not a version") for e in errors), errors
+    assert check_patches(patched_settings(**speculative, enabled=False), on_cpu=False) == []
+    running("0.32.0")
+    assert check_patches(patched_settings(**speculative), on_cpu=False) == []
+
+
+def test_on_an_unchecked_vllm_a_requests_cap_is_a_400_not_ignored(running) -> None:
+    from dynamo_spec.serving.admission import Refusal, check_types
+    from dynamo_spec.serving.draft_caps import unavailable
+
+    body = {"model": "m", "prompt": "p", "vllm_xargs": {"max_draft_tokens": 1}}
+    running(UNCHECKED)
+    reason = unavailable(on_cpu=False)
+    assert reason and UNCHECKED in reason
+    with pytest.raises(Refusal) as refused:
+        check_types(body, reason)
+    assert refused.value.status == 400 and refused.value.param == "vllm_xargs.max_draft_tokens"
+    check_types({"model": "m", "prompt": "p"}, reason)  # a request without a cap is served
+    running("0.32.0")
+    assert unavailable(on_cpu=False) is None
