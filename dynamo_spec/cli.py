@@ -78,6 +78,7 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from dynamo_spec.config import schedule
+    from dynamo_spec.engine import paths
     from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     loaded = _load(args)
@@ -88,12 +89,16 @@ def cmd_config(args: argparse.Namespace) -> int:
     applied, why_schedule = schedule.for_engine(loaded.settings, dtype)
     if why_schedule:
         resolved[schedule.FIELD] = (schedule.as_lists(applied), why_schedule)
+    path = paths.predict_here(loaded.settings)  # the model runner and scheduling vLLM will pick here
     if args.json:
         out = []
         for f, v, s in rows:
             out.append({"field": f, "value": v, "source": s})
             if f in resolved:
                 out[-1].update(resolved=resolved[f][0], why=resolved[f][1])
+        out.append({"field": "engine path", "value": {"v2_runner": path.v2_runner,
+                                                      "async_scheduling": path.async_scheduling},
+                    "source": path.source})
         print(json.dumps(out, indent=2, default=str))
         return 0
     rows = [(f, f"{_show(v)} -> {_show(resolved[f][0])}", f"{s} ({resolved[f][1]})") if f in resolved else (f, v, s)
@@ -102,6 +107,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     vwidth = min(48, max(len(_show(v)) for _, v, _ in rows))
     for field, value, source in rows:
         print(f"{field:<{width}}  {_show(value):<{vwidth}}  {source}")
+    print(f"engine path: {path}")
     return 0
 
 

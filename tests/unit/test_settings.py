@@ -125,6 +125,8 @@ def test_cli_config_prints_sources(tmp_path, write_config):
     assert lines["engine.seed"][1:] == ["7", "env", "DYNAMO_SPEC_ENGINE__SEED"]
     assert lines["speculative.num_speculative_tokens"][1:] == ["2", f"{path}:6"]
     assert lines["server.host"][1:] == ["0.0.0.0", "default"]
+    # the runner and scheduling vLLM will pick on this host (dynamo_spec/engine/paths.py)
+    assert "engine path: the V1 model runner with synchronous scheduling (predicted for this host)" in result.stdout
 
 
 def test_frontend_options_are_checked_and_reach_vllm_serving_args():
