@@ -35,6 +35,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.nodeid}: in tests/{folder}/ but marked {sorted(marks) or 'with no tier'}")
     if wrong:
         raise pytest.UsageError("tests in the wrong tier folder:\n" + "\n".join(wrong))
+    # Longest modules first: pytest-xdist (-n 2 --dist loadfile) hands whole modules to its two
+    # workers in this order, so the long ones do not end the run alone. Order within a module kept.
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(_module(item, here), len(first_seen))
+    items.sort(key=lambda item: (LONGEST_FIRST.index(m) if (m := _module(item, here)) in LONGEST_FIRST
+                                 else len(LONGEST_FIRST) + first_seen[m]))
+
+
+# By their durations in CI (`--durations`, 2-core host); a module not listed runs after these.
+LONGEST_FIRST = [
+    "integration/test_bench.py", "integration/test_verify.py", "integration/test_lifecycle.py",
+    "e2e/test_launch.py", "integration/test_default_model.py", "integration/test_compile_cache.py",
+    "integration/test_draft_budget.py", "integration/test_eval_draft.py", "integration/test_corpus.py",
+    "integration/test_zero_draft_steps.py", "integration/test_fixtures.py", "integration/test_fuzz.py",
+    "integration/test_operate.py", "integration/test_api.py", "e2e/test_prometheus.py",
+    "e2e/test_ray_cluster.py", "integration/test_acceptance_metrics.py", "integration/test_tensor_parallel.py",
+    "integration/test_speculation_guard.py", "integration/test_train_data.py", "integration/test_zen_platform.py",
+]
+
+
+def _module(item: pytest.Item, here: Path) -> str:
+    return Path(item.path).resolve().relative_to(here).as_posix()
 
 
 @pytest.fixture(scope="session")
