@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -134,7 +135,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from dynamo_spec.config.preflight import run_preflight
+    from dynamo_spec.engine.process_env import checkout_runtime_dirs
     from dynamo_spec.serving.server import run
+
+    checkout_runtime_dirs(os.environ)  # the launch script's compile cache, also when started by hand
 
     loaded = _load(args)
     settings = loaded.settings

@@ -76,6 +76,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from dynamo_spec.bench.url import run_url
 
         return run_url(options)
-    from dynamo_spec.bench.runner import run_config
+    from dynamo_spec.bench.phases import run_config
 
     return asyncio.run(run_config(options))

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from dynamo_spec.bench.choose import choose_k, schedule_from_choice
-from dynamo_spec.bench.result import Cells, Column, Compared, Derived, Judged, SideBySide, columns_json
+from dynamo_spec.bench.prompts import load_sets, split
+from dynamo_spec.bench.result import Cells, Column, Compared, Derived, Judged, SideBySide, assemble, columns_json, write
+from dynamo_spec.bench.runner import Plan, Prompts, Runner, run_header
 from dynamo_spec.bench.schedule_config import FILE as SCHEDULE_CONFIG
 from dynamo_spec.bench.schedule_config import write_schedule_config
 from dynamo_spec.bench.server import ManagedServer, server_rss, servers_that_fit
@@ -32,7 +34,7 @@ from dynamo_spec.config import schedule as schedules
 from dynamo_spec.config.settings import MAX_DRAFT_TOKEN_COST
 
 if TYPE_CHECKING:
-    from dynamo_spec.bench.runner import Prompts, Runner
+    from dynamo_spec.bench.options import BenchOptions
 
 Measured = tuple[Compared, Derived, Judged]
 Group = list[tuple[str, list[str]]]  # (column name, the server's overrides)
@@ -223,3 +225,34 @@ async def _beside(run: Runner, reference: ManagedServer, reference_name: str, se
     cells = await run.take_turns(turns, splits, on_cells=lambda cells: run.checkpoint({**done, **as_columns(cells)},
                                                                                        layout))
     return as_columns(cells)
+
+
+# --- a run from its config ---------------------------------------------------------
+
+
+async def run_config(options: BenchOptions) -> int:
+    """Servers started from --config: both phases, then bench.json, bench.md and the plots."""
+    from dynamo_spec.config.loader import load_settings
+    from dynamo_spec.config.preflight import effective_max_num_seqs
+    from dynamo_spec.engine.host import detect_host, resolve_dtype
+
+    prompt_sets = load_sets(list(options.prompts))
+    settings = load_settings(options.config, list(options.overrides)).settings
+    host = detect_host()
+    dtype = resolve_dtype(settings.engine.dtype, host)[0]
+    configured = schedules.for_engine(settings, dtype)[0] if settings.speculative.enabled else None
+    derive, judge = split(prompt_sets)
+    plan = Plan(model=settings.served_model_name, max_batch=effective_max_num_seqs(settings, host.on_cpu),
+                dtype=dtype, configured=schedules.as_lists(configured), derive=derive, judge=judge)
+    header = run_header(options, plan, settings, prompt_sets)
+    # --together as given; else as many as memory holds on CPU, and one at a time on GPU,
+    # where one server takes the device's memory
+    together = options.together if options.together is not None else None if host.on_cpu else 0
+    runner = Runner(options, plan, header)
+    try:
+        measured = None if together == 0 else await side_by_side(runner, together)
+        measured = measured or await one_at_a_time(runner)
+    finally:
+        runner.bar.close()
+    write(assemble(header, *measured, options), options.out, options.plots)
+    return 0

@@ -1,8 +1,8 @@
 """`dynamo-spec bench --config`: a run's plan from its config, its servers and their turns at the cells.
 
-The phases (bench.phases) start servers through a Runner and have them take turns; each
-phase returns what it measured, and the result is built from those values at the end
-(bench.result).
+The phases (bench.phases, which runs a config: ``run_config``) start servers through a Runner
+and have them take turns; each phase returns what it measured, and the result is built from
+those values at the end (bench.result).
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from dynamo_spec.bench import phases
 from dynamo_spec.bench.host import command_line, host_info, relative
 from dynamo_spec.bench.load import run_cell
 from dynamo_spec.bench.measure import measure_round
 from dynamo_spec.bench.options import BenchOptions
-from dynamo_spec.bench.prompts import load_sets, split
-from dynamo_spec.bench.result import Cells, Column, SideBySide, assemble, columns_json, servers_json, write
+from dynamo_spec.bench.result import Cells, Column, SideBySide, columns_json, servers_json
 from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.bench.summary import summarize_rounds
-from dynamo_spec.config import schedule as schedules
 
 STARTS_AT_ONCE = 2  # servers started at once (`Runner.start`)
 Prompts = list[dict[str, Any]]
@@ -123,7 +120,7 @@ class Runner:
         (self.options.out / "bench.json").write_text(json.dumps(partial, indent=2))
 
 
-def _header(options: BenchOptions, plan: Plan, settings: Any, prompt_sets: Mapping[str, Prompts]) -> dict[str, Any]:
+def run_header(options: BenchOptions, plan: Plan, settings: Any, prompt_sets: Mapping[str, Prompts]) -> dict[str, Any]:
     """The result's first keys: when, the command, what was measured and on which host."""
     return {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -137,31 +134,3 @@ def _header(options: BenchOptions, plan: Plan, settings: Any, prompt_sets: Mappi
                      "config_schedule": plan.configured, "targets": asdict(options.targets)},
         "host": host_info(plan.dtype, settings.engine.cpu_preload),
     }
-
-
-async def run_config(options: BenchOptions) -> int:
-    """Servers started from --config: both phases, then bench.json, bench.md and the plots."""
-    from dynamo_spec.config.loader import load_settings
-    from dynamo_spec.config.preflight import effective_max_num_seqs
-    from dynamo_spec.engine.host import detect_host, resolve_dtype
-
-    prompt_sets = load_sets(list(options.prompts))
-    settings = load_settings(options.config, list(options.overrides)).settings
-    host = detect_host()
-    dtype = resolve_dtype(settings.engine.dtype, host)[0]
-    configured = schedules.for_engine(settings, dtype)[0] if settings.speculative.enabled else None
-    derive, judge = split(prompt_sets)
-    plan = Plan(model=settings.served_model_name, max_batch=effective_max_num_seqs(settings, host.on_cpu),
-                dtype=dtype, configured=schedules.as_lists(configured), derive=derive, judge=judge)
-    header = _header(options, plan, settings, prompt_sets)
-    # --together as given; else as many as memory holds on CPU, and one at a time on GPU,
-    # where one server takes the device's memory
-    together = options.together if options.together is not None else None if host.on_cpu else 0
-    runner = Runner(options, plan, header)
-    try:
-        measured = None if together == 0 else await phases.side_by_side(runner, together)
-        measured = measured or await phases.one_at_a_time(runner)
-    finally:
-        runner.bar.close()
-    write(assemble(header, *measured, options), options.out, options.plots)
-    return 0

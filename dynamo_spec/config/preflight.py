@@ -14,24 +14,15 @@ import struct
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from dynamo_spec.config import eagle3_format, schedule
+from dynamo_spec.config.problems import Problem
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.host import on_cpu as host_on_cpu
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"}
-EAGLE1_ARCHS = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle", "EagleLlama4ForCausalLM", "EagleMiniCPMForCausalLM"}
-
-
-@dataclass(frozen=True)
-class Problem:
-    level: Literal["error", "warning"]
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.message}"
 
 
 class Tensor(NamedTuple):
@@ -488,12 +479,12 @@ def check_patches(settings: Settings, on_cpu: bool) -> list[Problem]:
     """Fail closed where a patch of vLLM cannot apply (vLLM is not a version it was checked on):
     a correctness fix is an error unless engine.allow_unpatched_vllm; a feature turned on that a
     patch backs is an error (dynamo_spec/vllm_patches/__init__.py, PATCHES)."""
-    from dynamo_spec.vllm_patches import module, unapplied
+    from dynamo_spec.vllm_patches import checked_on, unapplied
     from dynamo_spec.vllm_patches._upstream import FORCE_ENV, vllm_version
 
     problems = []
     for patch in unapplied(on_cpu):
-        checked = ", ".join(module(patch).CHECKED_ON)
+        checked = ", ".join(checked_on(patch))
         why = f"vLLM {vllm_version()} is not a version its patch {patch.module} was checked on ({checked})"
         fix = f"install vLLM {checked} (or set {FORCE_ENV}=1 to apply the patch anyway)"
         if patch.kind == "correctness":

@@ -11,8 +11,9 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from dynamo_spec.config.problems import Problem
+
 if TYPE_CHECKING:
-    from dynamo_spec.config.preflight import Problem
     from dynamo_spec.config.settings import Settings
 
 
@@ -24,8 +25,6 @@ def platform_device() -> tuple[str, str]:
 
 
 def check(settings: Settings, on_cpu: bool, ranks: int, layout: str) -> list[Problem]:
-    from dynamo_spec.config.preflight import Problem
-
     field = "engine.distributed_executor_backend ray"
     try:
         import ray

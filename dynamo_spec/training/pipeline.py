@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import source_table, write_prompts
+from .draft_defaults import AUX_LAYERS, DRAFT_FORMAT, DRAFT_VOCAB
 from .rows import eval_texts, read_jsonl, write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,9 @@ class PipelineConfig:
     minutes: float | None = _opt(25.0, "training time budget (steps estimated once, then fixed)")
     answer_minutes: float | None = _opt(26.0, "time budget for generating answers (stops early, resumable)")
     max_new_tokens: int = _opt(192, "longest answer the target writes per prompt")
-    aux_layers: tuple[int, ...] = _opt((2, 15, 27), "target layers fed to the draft, e.g. '2,15,27'")
-    draft_vocab: int = _opt(8192, "draft vocabulary size (the most frequent answer tokens)")
-    draft_format: str = _opt("vllm", "config.json of the written draft: vllm (LlamaForCausalLMEagle3) or speculators "
+    aux_layers: tuple[int, ...] = _opt(AUX_LAYERS, "target layers fed to the draft, e.g. '2,15,27'")
+    draft_vocab: int = _opt(DRAFT_VOCAB, "draft vocabulary size (the most frequent answer tokens)")
+    draft_format: str = _opt(DRAFT_FORMAT, "config.json of the written draft: vllm (LlamaForCausalLMEagle3) or speculators "
                              "(vLLM's speculators library's format; the same weights)", choices=("vllm", "speculators"))
     # the target's compute dtype for answers and states (both generators); bf16 is the
     # serving dtype, fp32 is about 1.7x faster in the decoder on a CPU without bf16 units

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..config.eagle3_format import draft_config, to_speculators
+from .draft_defaults import AUX_LAYERS, DRAFT_FORMAT, DRAFT_VOCAB
 from .model import Eagle3Draft, ttt_loss
-from .pipeline import PipelineConfig
 from .vocab import choose_draft_vocab, d2t_from_ids
 
 logger = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ class TrainConfig:
     ttt_steps: int = 3
     ckpt_every: int = 25
     val_sequences: int = 48
-    draft_vocab: int = PipelineConfig.draft_vocab
-    aux_layers: tuple = PipelineConfig.aux_layers
+    draft_vocab: int = DRAFT_VOCAB
+    aux_layers: tuple = AUX_LAYERS
     # lm_head starts as the target's embedding rows (tied target); keeping it frozen
     # (as EAGLE-1/2 keep the target's head) halves the trainable parameters, which
     # matters when data is scarce.
@@ -48,7 +48,7 @@ class TrainConfig:
     # warm start: a draft directory whose fc / decoder layer / norm weights replace the
     # random init (the lm_head and d2t still follow this run's draft vocabulary)
     init_from: Path | None = None
-    draft_format: str = PipelineConfig.draft_format
+    draft_format: str = DRAFT_FORMAT
 
 
 def load_target_tensors(target: Path) -> dict:

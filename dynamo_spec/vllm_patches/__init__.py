@@ -85,9 +85,23 @@ def register() -> None:
             logger.exception("dynamo-spec: could not install %s; %s", patch.module, patch.without)
 
 
+def checked_on(patch: Patch) -> tuple[str, ...]:
+    """The patch module's ``CHECKED_ON``, read from its source: importing some patch modules imports
+    torch (seconds), which preflight does not need."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    origin = importlib.util.find_spec(f"{__name__}.{patch.module}").origin
+    for node in ast.parse(Path(origin).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CHECKED_ON" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise LookupError(f"{patch.module} declares no CHECKED_ON")
+
+
 def unapplied(on_cpu: bool) -> list[Patch]:
     """The patches that would stay off in an engine on this host: vLLM is not a version they were
     checked on (``_upstream.applies``), quietly, for the server to decide before it starts."""
     from dynamo_spec.vllm_patches._upstream import applies
 
-    return [p for p in PATCHES if (on_cpu or not p.cpu_only) and not applies(module(p).CHECKED_ON)]
+    return [p for p in PATCHES if (on_cpu or not p.cpu_only) and not applies(checked_on(p))]

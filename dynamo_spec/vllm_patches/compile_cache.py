@@ -28,7 +28,7 @@ Change:
 2. ``deserialize_bundled_cache_entry`` returns the deserialised forward wrapped in
    ``torch._dynamo.disable``, as a fresh compile runs it (its ``serialize`` kept).
 
-Checked on vLLM 0.32.0 with torch 2.11 (``CHECKED_ON``). Goes away when vLLM calls
+Checked on vLLM 0.32.0 with the torch it pins, 2.13 (``CHECKED_ON``). Goes away when vLLM calls
 ``finalize_loading`` only on its own ``VllmSerializableFunction`` (or torch's callable has
 one) and a loaded graph runs as a fresh one does (tests/integration/test_compile_cache.py
 checks both).

@@ -127,6 +127,9 @@ def test_launch_answers_and_sigterm_leaves_no_process(repo_root, tiny_models, tm
     assert "Stopping the server" in text
     assert "Killing what is left" not in text  # the server stopped its engine itself
     assert "force killing" not in text and "leaked shared_memory" not in text
+    # the script's readiness polling stays out of the log (the probes' access lines are filtered);
+    # the curl line's own request is there
+    assert '"GET /health' not in text and '"POST /v1/chat/completions HTTP/1.1" 200' in text
 
 
 # `serve` for the test below: starts helpers (two sleeps) in a session of their own, out of

@@ -114,6 +114,26 @@ def test_greedy_output_identical_without_speculation(client, plain):
     assert with_spec == without
 
 
+def test_greedy_output_is_the_same_whatever_the_cap(client):
+    """A random target and draft: the caps change what is drafted and verified, never what the
+    target emits (the cap-0 request is verified without drafts: the k=0 reference). Requests of
+    each prompt are sent together, so capped and uncapped ones share the engine's steps.
+    (Moved from test_draft_caps.py, whose fixed target emits one token whatever happens.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def complete(prompt: str, cap: int | None):
+        extra = {"ignore_eos": True, **({"vllm_xargs": {"max_draft_tokens": cap}} if cap is not None else {})}
+        return client.completions.create(model="tiny", prompt=prompt, max_tokens=32, temperature=0, extra_body=extra)
+
+    caps = [None, 0, 1, 2]
+    for prompt in PROMPTS:
+        with ThreadPoolExecutor(len(caps)) as pool:
+            responses = list(pool.map(lambda cap, p=prompt: complete(p, cap), caps))
+        drafted = [spec_stats(r)["num_draft_tokens"] for r in responses]
+        assert drafted[1] == 0 and drafted[0] > 0, drafted  # cap 0: no drafts; no cap: drafts
+        assert len({r.choices[0].text for r in responses}) == 1, [r.choices[0].text for r in responses]
+
+
 def test_frontend_options_reach_vllm(plain):
     def chat(content: str) -> dict:
         r = requests.post(plain.url + "/v1/chat/completions", timeout=60, json={

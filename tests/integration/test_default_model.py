@@ -62,17 +62,20 @@ def _transformers_greedy(model_dir: Path, ids: tuple[int, ...]) -> list[int]:
 
 
 def _vllm_greedy(model_dir: Path, ids: list[int], dtype: str,
-                 speculative_config: dict | None = None) -> tuple[list[int], str]:
+                 speculative_config: dict | None = None) -> tuple[list[int], str, dict]:
+    """Greedy tokens, text, and the request's speculative figures (drafts, draft tokens, accepted)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=str(model_dir), dtype=dtype, kv_cache_memory_bytes=512 * 2**20,
               enforce_eager=True, max_model_len=2048, seed=0,
-              speculative_config=speculative_config)
+              speculative_config=speculative_config,
+              per_request_spec_decode_metrics="summary" if speculative_config else "none")
     try:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        return list(out.outputs[0].token_ids), out.outputs[0].text
+        stats = getattr(out.outputs[0], "spec_decode_metrics", None)
+        return list(out.outputs[0].token_ids), out.outputs[0].text, stats.to_dict() if stats else {}
     finally:
         llm.llm_engine.engine_core.shutdown()
 
@@ -115,15 +118,16 @@ def test_vllm_with_the_untrained_draft_matches_transformers_greedy(default_model
     draft = make_untrained_draft(default_model, tmp_path / "draft")
     spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
     ids = _prompt_ids(default_model)
-    tokens, text = _vllm_greedy(default_model, ids, "float32", spec)
+    tokens, text, _ = _vllm_greedy(default_model, ids, "float32", spec)
     assert tokens == _transformers_greedy(default_model, tuple(ids))
     assert "Paris" in text
 
 
 def test_untrained_draft_serves_in_the_hosts_dtype(default_model: Path, vllm_env, tmp_path: Path):
-    """The serving setup (engine.dtype auto as this host resolves it, + the draft) loads and generates.
+    """The serving setup (engine.dtype auto as this host resolves it, + the draft) loads, drafts and
+    generates: the drafts are verified, every token is the target's vocabulary.
 
-    Only that: in bf16 the 135M target's own greedy answer to this question depends on the
+    The text is not checked here: in bf16 the 135M target's own greedy answer to this question depends on the
     host's kernels (it was "Paris" on one host and a French non-answer on another, with and
     without the draft alike), so the text is checked in fp32 above.
     """
@@ -133,8 +137,16 @@ def test_untrained_draft_serves_in_the_hosts_dtype(default_model: Path, vllm_env
     draft = make_untrained_draft(default_model, tmp_path / "draft")
     spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
     dtype, _ = resolve_dtype("auto", detect_host())
-    tokens, text = _vllm_greedy(default_model, _prompt_ids(default_model), dtype, spec)
+    tokens, text, stats = _vllm_greedy(default_model, _prompt_ids(default_model), dtype, spec)
     assert len(tokens) > 0 and text.strip(), (dtype, text)
+    # the draft ran in this dtype: its proposals (at most k=3 a step, fewer near max_tokens) were
+    # verified, and what was accepted is never more than what was drafted
+    from transformers import AutoTokenizer
+
+    steps, drafted = stats.get("num_spec_steps", 0), stats.get("num_draft_tokens", 0)
+    assert 0 < steps <= drafted <= 3 * steps, stats
+    assert 0 <= stats["num_accepted_draft_tokens"] <= drafted, stats
+    assert all(0 <= t < len(AutoTokenizer.from_pretrained(default_model)) for t in tokens)
 
 
 def test_shipped_cpu_config_passes_preflight_with_the_trained_draft(default_model: Path, repo_root: Path):

@@ -102,14 +102,6 @@ def test_each_request_drafts_exactly_its_cap_while_others_in_the_batch_draft(ser
     assert response.json()["usage"]["completion_tokens"] == MAX_TOKENS
 
 
-def test_greedy_output_is_the_same_whatever_the_cap(served):
-    """The cap-0 requests are verified without drafts (the k=0 reference); every other
-    request's tokens are theirs. (The fixed target emits token 0, '!', at every step.)"""
-    texts = {name: (r.json()["choices"][0].get("text") or r.json()["choices"][0]["message"]["content"])
-             for name, r in served["results"].items()}
-    assert set(texts.values()) == {"!" * MAX_TOKENS}
-
-
 def test_steps_where_no_request_wants_drafts_draft_nothing(served):
     assert [r.status_code for r in served["none_want"]] == [200, 200]
     assert all(r.json()["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0 for r in served["none_want"])

@@ -57,3 +57,15 @@ def test_prepare_sets_threads_preloads_and_spawn_for_the_engine_processes(tmp_pa
     off: dict[str, str] = {}
     process_env.prepare_engine_processes(environ=off, cpu_preload=False)
     assert "LD_PRELOAD" not in off
+
+
+def test_serve_by_hand_uses_the_launch_scripts_runtime_folder(repo_root):
+    """`dynamo-spec serve` started by hand compiles into the folder the launch script uses
+    (launch/env.sh: vllm_runtime_env), not vLLM's default cache; variables already set are kept."""
+    from dynamo_spec.engine.process_env import checkout_runtime_dirs
+
+    environ = {"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}
+    root = checkout_runtime_dirs(environ)
+    assert root == repo_root / ".cache" / "runtime"
+    assert environ["VLLM_CACHE_ROOT"] == str(root / "vllm") and environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
+    assert '"$DYNAMO_SPEC_ROOT/.cache/runtime"' in (repo_root / "launch/env.sh").read_text()

@@ -173,3 +173,24 @@ def test_bad_tenant_defaults_name_the_field(tmp_path, tenants, metrics, expected
     with pytest.raises(ConfigError) as err:
         load_settings(path, [], {})
     assert expected in str(err.value)
+
+
+def test_the_snapshot_of_vllms_option_names_is_the_installed_vllms():
+    """Settings check names against config/vllm_names.json without importing vLLM; it must be what the
+    installed vLLM says (after an upgrade: python -m dynamo_spec.config.vllm_names)."""
+    import json
+
+    from dynamo_spec.config import vllm_names
+
+    snapshot = json.loads(vllm_names.SNAPSHOT.read_text())
+    assert snapshot == vllm_names.live()
+    assert vllm_names.names() == snapshot
+
+
+def test_check_does_not_import_vllm(tmp_path, write_config):
+    """`dynamo-spec check` answers in about a second: neither vLLM nor torch is imported for it."""
+    path = write_config(BASE)
+    script = ("import sys; from dynamo_spec.cli import main; rc = main(['check', '--config', sys.argv[1]]); "
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch'}))")
+    result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr

@@ -98,6 +98,12 @@ def test_the_installed_vllm_is_one_the_patch_was_checked_on(patch: str) -> None:
         "check it against this vLLM, then add the version to its CHECKED_ON")
 
 
+@pytest.mark.parametrize("patch", vllm_patches.PATCHES, ids=lambda p: p.module)
+def test_the_versions_read_from_a_patchs_source_are_its_checked_on(patch) -> None:
+    """Preflight reads CHECKED_ON without importing the patch (vllm_patches.checked_on)."""
+    assert vllm_patches.checked_on(patch) == patch_module(patch.module).CHECKED_ON
+
+
 def test_bare_signature_keeps_names_kinds_and_defaults_only() -> None:
     def f(self, a: int, b: str = "x", *args: Any, c: float = 1.0, **kwargs: Any) -> None: ...
 
