@@ -259,6 +259,9 @@ class SpeculativeSettings(_Section):
         description="EAGLE-3: target layers whose hidden states feed the draft. vLLM reads them from the "
         "draft's config.json; when set here, preflight checks the draft agrees.",
     )
+    draft_penalties: bool = Field(
+        True, description="The draft drafts under the request's repetition, frequency and presence penalties, as "
+        "the target will verify (lossless: only the proposals change). V1 runner (CPU); inactive on Model Runner V2.")
     guard: GuardSettings = Field(default_factory=GuardSettings)
     draft_budget: DraftBudgetSettings = Field(default_factory=DraftBudgetSettings)
     tenants: dict[str, TenantSettings] = Field(

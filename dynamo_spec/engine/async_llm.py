@@ -19,6 +19,7 @@ from dynamo_spec.engine.process_env import prepare_engine_processes
 from dynamo_spec.engine.teardown import set_worker_timeout, shutdown_engine
 from dynamo_spec.vllm_patches.draft_budget import BUDGET_ENV, BudgetConfig
 from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_ENV
+from dynamo_spec.vllm_patches.draft_penalties import PENALTIES_ENV
 from dynamo_spec.vllm_patches.speculation_guard import GUARD_ENV, GuardConfig
 
 logger = logging.getLogger("dynamo_spec.engine.async_llm")
@@ -84,7 +85,8 @@ def check_engine_path(settings: Settings, vllm_config: Any) -> paths.EnginePath:
 
 def set_speculation_controls(environ, settings: Settings) -> None:
     """Hand the speculation guard's and the confidence budget's settings to the engine's processes
-    (or none); the budget needs the drafts' confidences."""
+    (or none); the budget needs the drafts' confidences. Draft-side penalties: on unless turned off."""
+    environ[PENALTIES_ENV] = "1" if settings.speculative.draft_penalties else "0"
     guard = settings.speculative.guard
     if settings.speculative.enabled and guard.enabled:
         environ[GUARD_ENV] = GuardConfig(**guard.model_dump(exclude={"enabled"})).to_env()

@@ -77,10 +77,14 @@ FEATURES: tuple[Feature, ...] = (
             True, True, "the V1 EAGLE proposer's confidences, cut in Scheduler.update_draft_token_ids, "
                         "which asynchronous scheduling never calls"),
 )
-# On automatically, not a setting: where it cannot run, vLLM's own k=0 step runs (logged at start).
-CHEAP_ZERO_DRAFT_STEPS = Feature(
-    "cheap k=0 steps", "(always on)", lambda s: _spec(s).enabled, True, False,
-    "the V1 runner's sampler and draft pass; the scheduler part runs on both")
+# On by default, lossless, speed only: where one cannot run, vLLM's own way runs (logged at start).
+AUTOMATIC: tuple[Feature, ...] = (
+    Feature("cheap k=0 steps", "(always on)", lambda s: _spec(s).enabled, True, False,
+            "the V1 runner's sampler and draft pass; the scheduler part runs on both"),
+    Feature("draft-side penalties", "speculative.draft_penalties",
+            lambda s: _spec(s).enabled and _spec(s).draft_penalties, True, False,
+            "the V1 EAGLE proposer's greedy sample"),
+)
 
 
 def missing(feature: Feature, path: EnginePath) -> list[str]:
@@ -106,11 +110,8 @@ def refusals(settings: Settings, path: EnginePath) -> list[str]:
 
 def inactive(settings: Settings, path: EnginePath) -> list[str]:
     """Automatic optimisations that ``path`` leaves to vLLM (a log line each at start)."""
-    feature = CHEAP_ZERO_DRAFT_STEPS
-    if feature.enabled(settings) and (lacks := missing(feature, path)):
-        return [f"{feature.name}: inactive on {path} (needs {' and '.join(lacks)}); k=0 steps cost what "
-                "vLLM's own cost"]
-    return []
+    return [f"{feature.name}: inactive on {path} (needs {' and '.join(lacks)}); vLLM's own way runs"
+            for feature in AUTOMATIC if feature.enabled(settings) and (lacks := missing(feature, path))]
 
 
 def _env_flag(environ: dict[str, str], name: str) -> bool | None:
@@ -165,7 +166,7 @@ def from_vllm_config(vllm_config: Any) -> EnginePath:
 def table() -> str:
     """The README's table: each feature and what it needs."""
     rows = ["| feature | acts in | V1 runner, sync (CPU) | V2 runner, async (GPU default) |", "|---|---|---|---|"]
-    for f in (*FEATURES, CHEAP_ZERO_DRAFT_STEPS):
+    for f in (*FEATURES, *AUTOMATIC):
         gpu = "yes" if not (f.needs_v1_runner or f.needs_sync) else "refused" if f in FEATURES else "inactive"
         rows.append(f"| {f.name} | {f.where} | yes | {gpu} |")
     return "\n".join(rows)

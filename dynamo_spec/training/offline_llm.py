@@ -19,13 +19,14 @@ from ..engine.process_env import prepare_engine_processes, temporary_vllm_dirs
 def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
                 dtype: str = "bfloat16", kv_cache_bytes: int = 512 * 2**20,
                 max_num_seqs: int = 64, max_model_len: int = 2048, schedule=None, draft_budget: dict | None = None,
-                **extra):
+                draft_penalties: bool = True, **extra):
     """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down.
 
     Its arguments come from a ``Settings`` through ``engine_args.engine_kwargs``, as the
     server's do; ``schedule``: the draft's batch-size schedule of k (``[[lo, hi, k], ...]``);
     ``draft_budget``: ``speculative.draft_budget`` fields (the confidence budget, handed to the
-    engine's processes as the server hands it); ``extra``: other engine settings (typed fields)
+    engine's processes as the server hands it); ``draft_penalties``: ``speculative.draft_penalties``;
+    ``extra``: other engine settings (typed fields)
     or ``engine.extra`` fields."""
     engine = {"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
               "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": 0,
@@ -36,7 +37,8 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     settings = Settings(
         engine=engine,
         speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
-                     "num_speculative_tokens_per_batch_size": schedule, "draft_budget": draft_budget or {}}
+                     "num_speculative_tokens_per_batch_size": schedule, "draft_budget": draft_budget or {},
+                     "draft_penalties": draft_penalties}
         if draft is not None else {"enabled": False},
     )
     with temporary_vllm_dirs(), _speculation_controls(settings):
@@ -71,10 +73,11 @@ def _speculation_controls(settings: Settings):
     from ..engine.async_llm import set_speculation_controls
     from ..vllm_patches.draft_budget import BUDGET_ENV
     from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
+    from ..vllm_patches.draft_penalties import PENALTIES_ENV
     from ..vllm_patches.speculation_guard import GUARD_ENV
 
-    with environ_restored(BUDGET_ENV, CONFIDENCE_ENV, GUARD_ENV):
-        if settings.speculative.enabled and settings.speculative.draft_budget.enabled:
+    with environ_restored(BUDGET_ENV, CONFIDENCE_ENV, GUARD_ENV, PENALTIES_ENV):
+        if settings.speculative.enabled:
             set_speculation_controls(os.environ, settings)
         yield
 

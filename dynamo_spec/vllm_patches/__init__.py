@@ -54,6 +54,8 @@ PATCHES = (
           features=("speculative.draft_budget",)),
     Patch("zero_draft_steps", "speed", "k=0 steps of a speculative engine keep vLLM's own cost",
           off_env=ZERO_DRAFT_STEPS_ENV),
+    # after draft_confidence: its greedy sample wraps that one's (and keeps the confidences itself)
+    Patch("draft_penalties", "speed", "requests with penalties get drafts drafted without them (lower acceptance)"),
 )
 # The Zen platform is a vllm.platform_plugins entry point of its own (not registered here).
 PLATFORM_PATCHES = ("zen_platform",)

@@ -62,8 +62,10 @@ def test_the_scheduler_features_run_on_every_path():
         assert paths.refusals(s, paths.predict(s, **where)) == []
     # the cheap k=0 steps are V1-only: said once at start on V2, not refused
     assert paths.inactive(s, paths.predict(s, **CPU)) == []
-    [line] = paths.inactive(s, paths.predict(s, **GPU))
-    assert line.startswith("cheap k=0 steps: inactive on Model Runner V2")
+    lines = paths.inactive(s, paths.predict(s, **GPU))
+    assert [line.split(":")[0] for line in lines] == ["cheap k=0 steps", "draft-side penalties"]
+    assert all("inactive on Model Runner V2" in line for line in lines)
+    assert paths.inactive(settings(draft_penalties=False), paths.predict(s, **GPU))[1:] == []
 
 
 def test_preflight_refuses_the_budget_where_the_gpu_would_run_it(tmp_path, monkeypatch):
