@@ -110,8 +110,20 @@ def register(subparsers) -> None:
     e.add_argument("--calibration", action="store_true",
                    help="also tabulate the draft's own confidence in each token against what the "
                    "target accepted (deciles, Brier score, calibration error, AUC)")
+    e.add_argument("--draft-penalties", type=_on_off, default=[True, False],
+                   help="on, off or on,off: the draft drafts under the request's penalties "
+                   "(speculative.draft_penalties), or as vLLM drafts; both: acceptance with and without, "
+                   "one engine each (default: on,off)")
     e.add_argument("--json", type=Path, help="also write the results here")
     e.set_defaults(func=_eval_draft)
+
+
+def _on_off(text: str) -> list[bool]:
+    values = {"on": True, "off": False}
+    try:
+        return [values[v.strip()] for v in text.split(",") if v.strip()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected on, off or on,off, not {text!r}") from None
 
 
 def _one_line_errors(command: str):
@@ -157,7 +169,7 @@ def _eval_draft(args: argparse.Namespace) -> int:
                             speed_max_tokens=args.speed_max_tokens,
                             temperatures=args.temperatures,
                             generation_config=args.generation_config,
-                            calibration=args.calibration)
+                            calibration=args.calibration, draft_penalties=tuple(args.draft_penalties))
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

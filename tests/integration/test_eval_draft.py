@@ -33,8 +33,16 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["n_prompts"] == 3  # the eval split only
-    by_k = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0}
-    sampled = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0.8}
+    # with and without the draft-side penalties (the default: both); this fixture sets no penalty,
+    # so both give the same figures
+    assert sorted((a["k"], a["temperature"], a["draft_penalties"]) for a in report["acceptance"]
+                  if a["temperature"] == 0) == [(1, 0, False), (1, 0, True), (3, 0, False), (3, 0, True)]
+    for k in (1, 3):
+        on, off = (next(a for a in report["acceptance"] if a["k"] == k and a["temperature"] == 0
+                        and a["draft_penalties"] is v) for v in (True, False))
+        assert on["mean_acceptance_length"] == off["mean_acceptance_length"] == pytest.approx(k + 1)
+    by_k = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0 and a["draft_penalties"]}
+    sampled = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0.8 and a["draft_penalties"]}
     # always accepted: every draft step yields k + 1 tokens; 33 tokens = 1 from the
     # prefill + 32 from speculative steps (a whole number of steps for k = 1 and 3)
     for k in (1, 3):
@@ -65,12 +73,12 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
     # 'default': a request without sampling fields; the fixture's generation_config.json has
     # none, so vLLM's temperature 1 applies: sampled, not greedy.
     assert report["model_defaults"] == {}
-    default = {a["k"]: a for a in report["acceptance"] if a["temperature"] == "default"}
+    default = {a["k"]: a for a in report["acceptance"] if a["temperature"] == "default" and a["draft_penalties"]}
     assert all(default[k]["acceptance_rate"] < 0.05 for k in (1, 3))
-    assert "| 3 | 0.8 |" in result.stdout and "| 3 | default |" in result.stdout
+    assert "| 3 | 0.8 | on |" in result.stdout and "| 3 | default | off |" in result.stdout
     for key in ("speed_no_spec", "speed_spec"):
         assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
-    assert "| 3 | 0 | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 | 96.7% | 3 / 3 | - (0) |" in result.stdout
+    assert "| 3 | 0 | on | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 | 96.7% | 3 / 3 | - (0) |" in result.stdout
     assert "| b | 2 | 2.00 (97%) |" in result.stdout and "| 4.00 (97%) |" in result.stdout
 
 
@@ -87,7 +95,8 @@ def test_calibration_records_each_verified_draft_with_the_drafts_own_probabiliti
     result = subprocess.run(
         [sys.executable, "-m", "dynamo_spec", "eval-draft", "--target", str(tiny_models["fixed_target"]),
          "--draft", str(tiny_models["partial_draft"]), "--prompts", str(prompts), "--k", "3",
-         "--temperatures", "0", "--max-tokens", "33", "--speed-runs", "0", "--calibration", "--json", str(out)],
+         "--temperatures", "0", "--max-tokens", "33", "--speed-runs", "0", "--calibration", "--draft-penalties", "on",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
