@@ -58,12 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dynamo_spec.bench import cli as bench
     from dynamo_spec.training import cli as training_cli
-    from dynamo_spec.training import verify
+    from dynamo_spec.training import sampling_eval, verify
 
     bench.register(sub)
 
     training_cli.register(sub)
     verify.register(sub)
+    sampling_eval.register(sub)
     return parser
 
 

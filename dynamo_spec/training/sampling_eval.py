@@ -1,0 +1,124 @@
+"""``dynamo-spec eval-sampling``: which sampling defaults keep answers right, loop rarely and draft well.
+
+For each penalty setting (the penalty fields a request would get by default), one engine with
+the draft:
+
+- the checked requests (``checked.py``, greedy): how many answers pass their check, and the
+  mean acceptance length;
+- open-ended requests (the README's poem and everyday ones), each at several seeds at the
+  model's default temperature and top_p: the share of word 4-grams repeated and the answers
+  that loop (``degeneration``), and the mean acceptance length.
+
+Offline (vLLM's engine in this process's children, the server's engine settings); the speed
+a default gives through the server is the bench's job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .checked import load_checked, passes
+from .degeneration import degeneration
+
+NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+SETTINGS = {
+    "no penalty": {},
+    "repetition 1.05": {"repetition_penalty": 1.05},
+    "repetition 1.1": {"repetition_penalty": 1.1},
+    "frequency 0.2": {"frequency_penalty": 0.2},
+    "frequency 0.5": {"frequency_penalty": 0.5},
+    "presence 0.3": {"presence_penalty": 0.3},
+}
+OPEN_ENDED = [
+    "Write a poem about why Sakura trees are beautiful.",
+    "Tell me a short story about a lighthouse keeper.",
+    "Explain how a bicycle works.",
+    "Describe your ideal weekend.",
+]
+
+
+def words(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def _chat_ids(tok, prompt: str) -> list[int]:
+    return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                   tokenize=True, return_dict=False)
+
+
+def evaluate_sampling(target: Path, draft: Path, *, k: int = 3, settings: dict[str, dict] = SETTINGS,
+                      seeds: int = 4, max_tokens: int = 200, draft_penalties: bool = True) -> list[dict]:
+    """One row per setting: checked pass rate, loops on the open-ended requests, acceptance."""
+    from transformers import AutoTokenizer
+    from vllm.inputs import TokensPrompt
+
+    from .evaluate import acceptance
+    from .offline_llm import offline_llm, request_params
+
+    tok = AutoTokenizer.from_pretrained(target)
+    checked = load_checked()
+    checked_ids = [TokensPrompt(prompt_token_ids=_chat_ids(tok, r["messages"][0]["content"])) for r in checked]
+    open_ids = [TokensPrompt(prompt_token_ids=_chat_ids(tok, p)) for p in OPEN_ENDED]
+    rows = []
+    with offline_llm(target, draft=draft, k=k, max_num_seqs=64, per_request_spec_decode_metrics="summary",
+                     draft_penalties=draft_penalties) as llm:
+        for name, penalty in settings.items():
+            fields = {**NEUTRAL, **penalty}
+            greedy = [request_params(llm, temperature=0.0, max_tokens=max_tokens, **fields)] * len(checked_ids)
+            outs = llm.generate(checked_ids, greedy, use_tqdm=False)
+            answers = [o.outputs[0].text for o in outs]
+            failed = [r["id"] for r, a in zip(checked, answers) if not passes(a, r["check"])]
+            sampled = [request_params(llm, max_tokens=max_tokens, seed=s, **fields)
+                       for s in range(seeds) for _ in OPEN_ENDED]
+            open_outs = llm.generate(open_ids * seeds, sampled, use_tqdm=False)
+            # word 4-grams (the README's measure), by a stable id per word
+            vocab: dict[str, int] = {}
+            open_words = [[vocab.setdefault(w, len(vocab)) for w in words(o.outputs[0].text)] for o in open_outs]
+            deg = degeneration(open_words)
+            rows.append({
+                "setting": name, "fields": penalty, "passed": len(checked) - len(failed), "checked": len(checked),
+                "failed": failed, "checked_acceptance": acceptance(outs, k)["mean_acceptance_length"],
+                "open_repeated_4grams": deg["repeated_ngram_share"], "open_looping": deg["looping"],
+                "open_answers": deg["answers"], "open_acceptance": acceptance(open_outs, k)["mean_acceptance_length"],
+                "poem": open_outs[0].outputs[0].text,
+            })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| setting | checked answers right | looping answers (open-ended) | repeated word 4-grams "
+             "| mean acceptance length, checked | mean acceptance length, open-ended |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['passed']} / {r['checked']} | {r['open_looping']} / {r['open_answers']} "
+                     f"| {r['open_repeated_4grams']:.0%} | {r['checked_acceptance']:.2f} | {r['open_acceptance']:.2f} |")
+    return "\n".join(lines)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval-sampling", help="checked answers, loops and acceptance for each penalty "
+                              "setting (which sampling defaults to ship)")
+    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--draft", type=Path, required=True)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=4, help="seeds of each open-ended request (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=200)
+    p.add_argument("--draft-penalties", choices=("on", "off"), default="on")
+    p.add_argument("--json", type=Path, help="also write the rows here")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from ..logs import setup_logging
+
+    setup_logging()
+    rows = evaluate_sampling(args.target, args.draft, k=args.k, seeds=args.seeds, max_tokens=args.max_tokens,
+                             draft_penalties=args.draft_penalties == "on")
+    print(format_table(rows))
+    for r in rows:
+        print(f"\n{r['setting']}: failed {', '.join(r['failed']) or 'none'}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
