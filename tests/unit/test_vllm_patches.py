@@ -376,3 +376,31 @@ def test_on_an_unchecked_vllm_a_requests_cap_is_a_400_not_ignored(running) -> No
     check_types({"model": "m", "prompt": "p"}, reason)  # a request without a cap is served
     running("0.32.0")
     assert unavailable(on_cpu=False) is None
+
+
+# --------------------------------------------------------------------------- draft-side penalties
+
+
+def test_the_draft_counts_the_outputs_the_target_will_count():
+    """The outputs so far, this step's accepted tokens (vLLM's -1 placeholders dropped), then the drafts
+    already made in the step: what the rejection sampler's penalties see at each position."""
+    import torch
+
+    from dynamo_spec.vllm_patches import draft_penalties as dp
+
+    metadata = type("Metadata", (), {"output_token_ids": [[5, 6], [], [7]]})()
+    sampled = torch.tensor([[8, 9, -1], [3, -1, -1], [4, 4, 4]])
+    context = dp.PenaltyContext(metadata, dp.accepted_outputs(metadata, sampled), vocab_size=16)
+    assert context.outputs_at(3) == [[5, 6, 8, 9], [3], [7, 4, 4, 4]]
+    context.drafted.append([1, 2, 3])
+    context.drafted.append([10, 11, 12])
+    assert context.outputs_at(2) == [[5, 6, 8, 9, 1, 10], [3, 2, 11]]
+
+
+def test_draft_penalties_can_be_turned_off_for_the_engine(monkeypatch):
+    from dynamo_spec.vllm_patches import draft_penalties as dp
+
+    monkeypatch.delenv(dp.PENALTIES_ENV, raising=False)
+    assert dp.enabled()
+    monkeypatch.setenv(dp.PENALTIES_ENV, "0")
+    assert not dp.enabled()
