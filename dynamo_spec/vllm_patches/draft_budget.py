@@ -46,13 +46,16 @@ BUDGET_ENV = "DYNAMO_SPEC_DRAFT_BUDGET"
 
 @dataclass(frozen=True)
 class BudgetConfig:
+    """``speculative.draft_budget`` as the engine's processes get it (the settings' defaults, written
+    only there: config/settings.py, DraftBudgetSettings), and the budget's own constants."""
+
     # (requests in the step, cost of one verified draft token in plain steps per request),
     # requests ascending: linear between points, flat beyond the ends.
-    draft_token_cost: tuple[tuple[int, float], ...] = ((1, 0.12), (4, 0.12), (8, 0.25), (16, 0.35), (32, 0.38))
+    draft_token_cost: tuple[tuple[int, float], ...]
+    min_observations: int
+    explore_every: int
     bins: int = 10
     prior_weight: float = 2.0
-    min_observations: int = 8
-    explore_every: int = 64
     max_count: float = 2000.0
 
     def to_env(self) -> str:

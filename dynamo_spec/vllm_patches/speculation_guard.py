@@ -47,12 +47,15 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class GuardConfig:
-    min_acceptance_rate: float = 0.10
-    window_draft_tokens: int = 1000
-    window_seconds: float = 30.0
-    min_draft_tokens: int = 100
-    probe_interval_seconds: float = 30.0
-    probe_draft_tokens: int = 200
+    """``speculative.guard`` as the engine's processes get it; its defaults are the settings' own
+    (config/settings.py, GuardSettings), written nowhere else."""
+
+    min_acceptance_rate: float
+    window_draft_tokens: int
+    window_seconds: float
+    min_draft_tokens: int
+    probe_interval_seconds: float
+    probe_draft_tokens: int
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

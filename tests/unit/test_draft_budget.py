@@ -125,7 +125,7 @@ def test_every_nth_draft_is_verified_whole():
 
 
 def test_the_config_reaches_the_engine_through_its_environment():
-    config = db.BudgetConfig(draft_token_cost=((1, 0.2), (8, 0.4)), min_observations=2)
+    config = db.BudgetConfig(draft_token_cost=((1, 0.2), (8, 0.4)), min_observations=2, explore_every=64)
     assert db.BudgetConfig.from_env({db.BUDGET_ENV: config.to_env()}) == config
     assert db.BudgetConfig.from_env({}) is None
 

@@ -41,10 +41,16 @@ def feed(g: SpeculationGuard, clock: Clock, steps: int, accepted: int, k: int = 
         g.observe(k, accepted)
 
 
-def test_the_settings_defaults_are_the_engine_side_defaults():
+def test_the_engine_side_takes_every_value_from_the_settings():
+    """The settings model is the one source of the guard's defaults: the engine-side config has none."""
+    import dataclasses
+
+    fields = dataclasses.fields(GuardConfig)
+    assert all(f.default is dataclasses.MISSING for f in fields)
     settings = GuardSettings().model_dump(exclude={"enabled"})
-    assert GuardConfig(**settings) == GuardConfig()
-    assert GuardConfig.from_env({GUARD_ENV: GuardConfig(window_draft_tokens=7).to_env()}).window_draft_tokens == 7
+    assert {f.name for f in fields} == set(settings)
+    config = GuardConfig(**{**settings, "window_draft_tokens": 7})
+    assert GuardConfig.from_env({GUARD_ENV: config.to_env()}) == config
     assert GuardConfig.from_env({}) is None
 
 
