@@ -57,7 +57,9 @@ class ServerProcess(ManagedServer):
                 "--server.port", str(self.port), *extra_args]
         super().__init__(argv, self.port, workdir / f"server-{self.port}.log", env=env)
 
-    def start(self, timeout: float = 240) -> ServerProcess:
+    def start(self, timeout: float = 600) -> ServerProcess:
+        # Returns at readiness; the cap is for a start that never gets there. The suite runs two
+        # modules at a time on two cores, where a compiled start beside another can take minutes.
         super().start(timeout)
         return self
 

@@ -106,6 +106,9 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=4, help="seeds of each open-ended request (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--draft-penalties", choices=("on", "off"), default="on")
+    p.add_argument("--settings", type=json.loads, default=None,
+                   help='penalty settings to compare, as JSON: {"name": {"presence_penalty": 0.5}, ...} '
+                   "(default: none, repetition 1.05 and 1.1, frequency 0.2 and 0.5, presence 0.3)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.set_defaults(func=_cmd)
 
@@ -115,7 +118,7 @@ def _cmd(args: argparse.Namespace) -> int:
 
     setup_logging()
     rows = evaluate_sampling(args.target, args.draft, k=args.k, seeds=args.seeds, max_tokens=args.max_tokens,
-                             draft_penalties=args.draft_penalties == "on")
+                             draft_penalties=args.draft_penalties == "on", settings=args.settings or SETTINGS)
     print(format_table(rows))
     for r in rows:
         print(f"\n{r['setting']}: failed {', '.join(r['failed']) or 'none'}")
