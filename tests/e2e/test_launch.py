@@ -30,7 +30,7 @@ def launch(repo_root: Path, config: Path, port: int, log: Path, venv: str = sys.
     )
 
 
-def wait_ready(proc: subprocess.Popen, log: Path, timeout: float = 300) -> str:
+def wait_ready(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
