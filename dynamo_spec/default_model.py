@@ -32,12 +32,14 @@ DEFAULT_ROPE_THETA = 100000.0  # SmolLM2-135M's rope base; the GGUF also records
 MARKER = ".dynamo_spec_complete"
 # The sampling the model's authors recommend (the "How to use" example of the
 # HuggingFaceTB/SmolLM2-135M-Instruct model card: temperature=0.2, top_p=0.9, do_sample=True;
-# the upstream generation_config.json carries none), plus a repetition penalty: without it
-# answers loop (the choice and its evidence: models/smollm2-135m-instruct-eagle3/README.md,
-# "Sampling defaults"). Written into the converted model's generation_config.json, whose
-# values vLLM applies to each sampling field a request leaves unset.
+# the upstream generation_config.json carries none), plus a presence penalty: without one answers
+# loop, and a repetition penalty (the default until this one) breaks lists and counts, which must
+# repeat words of the prompt (the choice and its evidence: `dynamo-spec eval-sampling`,
+# models/smollm2-135m-instruct-eagle3/README.md, "Sampling defaults"). repetition_penalty 1.0
+# replaces the old 1.1 in a model converted before. Written into the converted model's
+# generation_config.json, whose values vLLM applies to each sampling field a request leaves unset.
 SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9,
-                     "repetition_penalty": 1.1}
+                     "repetition_penalty": 1.0, "presence_penalty": 0.8}
 
 
 def _is_complete(path: Path) -> bool:

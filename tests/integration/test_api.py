@@ -23,7 +23,7 @@ PROMPTS = ["What is the capital of France?", "Write a poem about the sea.", "def
 @pytest.fixture(scope="module")
 def target(tiny_models, tmp_path_factory):
     """The tiny target with the sampling defaults prepare-default writes into the CPU
-    default's generation_config.json (temperature, top_p, repetition penalty)."""
+    default's generation_config.json (temperature, top_p, presence penalty)."""
     out = tmp_path_factory.mktemp("target-with-defaults")
     for f in tiny_models["target"].iterdir():
         if f.name == "generation_config.json":
@@ -103,7 +103,7 @@ def plain(target, tmp_path_factory):
 
 
 def test_greedy_output_identical_without_speculation(client, plain):
-    # Both serve the target with its sampling defaults: greedy under the repetition penalty.
+    # Both serve the target with its sampling defaults: greedy under the presence penalty.
     with_spec = [client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
                                            extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
     plain_client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
@@ -150,22 +150,22 @@ def test_frontend_options_reach_vllm(plain):
 
 def test_generation_config_defaults_reach_sampling_and_a_request_overrides_them(client):
     """What a request leaves out comes from generation_config.json; what it sets wins."""
-    default_penalty = SAMPLING_DEFAULTS["repetition_penalty"]
+    default_penalty = SAMPLING_DEFAULTS["presence_penalty"]
     sampled = {"temperature": SAMPLING_DEFAULTS["temperature"], "top_p": SAMPLING_DEFAULTS["top_p"]}
 
     def answers(penalty: float | None = None, **fields) -> list[str]:
-        extra = {"ignore_eos": True} | ({} if penalty is None else {"repetition_penalty": penalty})
+        extra = {"ignore_eos": True} | ({} if penalty is None else {"presence_penalty": penalty})
         return [client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": p}], max_tokens=24, extra_body=extra,
             **fields).choices[0].message.content for p in PROMPTS]
 
     greedy = answers(temperature=0)  # the penalty from the file
     assert greedy == answers(default_penalty, temperature=0)
-    assert greedy != answers(1.0, temperature=0)
+    assert greedy != answers(0.0, temperature=0)
     # No sampling field at all (the README's curl): temperature, top_p and penalty from the file.
     unset = answers(seed=3)
     assert unset == answers(default_penalty, seed=3, **sampled)
-    assert unset != answers(1.0, seed=3, **sampled)
+    assert unset != answers(0.0, seed=3, **sampled)
 
 
 @pytest.mark.parametrize(

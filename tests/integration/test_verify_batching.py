@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def target_with_the_shipped_penalty(tiny_models, tmp_path):
-    """The tiny target with the sampling defaults prepare-default writes (repetition penalty 1.1):
+    """The tiny target with the sampling defaults prepare-default writes (presence penalty 0.8):
     verify's greedy requests take its penalty, and the draft drafts under it (draft_penalties)."""
     import shutil
 
@@ -27,7 +27,7 @@ def target_with_the_shipped_penalty(tiny_models, tmp_path):
 
 
 def test_verify_under_batching_a_schedule_and_a_penalty_finds_outputs_identical(tiny_models, tmp_path):
-    """Sixteen prompts at concurrency 1, 4 and 16, under the shipped repetition penalty (drafted
+    """Sixteen prompts at concurrency 1, 4 and 16, under the shipped presence penalty (drafted
     under it too): with a fixed k, and with a schedule whose ranges the batch crosses as requests
     finish (k=3 alone, k=1 for 2-3, k=0 from 4, k=2 from 9). On the tiny pair the outputs must be
     identical, not merely near-ties."""
@@ -43,7 +43,7 @@ def test_verify_under_batching_a_schedule_and_a_penalty_finds_outputs_identical(
         capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "greedy, repetition_penalty 1.1" in result.stdout, result.stdout[-2000:]
+    assert "greedy, presence_penalty 0.8" in result.stdout, result.stdout[-2000:]
     for n in (1, 4, 16):
         assert f"| {n} | k=3 | 16 | 0 | 0 |" in result.stdout, result.stdout[-2000:]
         assert f"| {n} | schedule {schedule} | 16 | 0 | 0 |" in result.stdout, result.stdout
