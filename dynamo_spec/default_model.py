@@ -120,14 +120,20 @@ def _fix_config(model, tokenizer) -> None:
         setattr(gen, key, value)
 
 
+FROM_MODEL = "_from_model_config"
+
+
 def ensure_sampling_defaults(model_dir: Path) -> bool:
     """Bring ``generation_config.json`` of a converted model to :data:`SAMPLING_DEFAULTS`
     (models converted before they existed); True when the file changed."""
     path = Path(model_dir) / "generation_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
-    if all(config.get(key) == value for key, value in SAMPLING_DEFAULTS.items()):
+    if all(config.get(key) == value for key, value in SAMPLING_DEFAULTS.items()) and not config.get(FROM_MODEL):
         return False
     config.update(SAMPLING_DEFAULTS)
+    # transformers reads a file marked as made from the model's config without the fields it does not
+    # know (presence_penalty among them), and vLLM reads the file through it: the file is ours now
+    config[FROM_MODEL] = False
     path.write_text(json.dumps(config, indent=2) + "\n")
     logger.info("%s: sampling defaults %s", path, SAMPLING_DEFAULTS)
     return True
