@@ -176,6 +176,7 @@ def prepare_default_model(cache_dir: Path) -> Path:
             logger.info("converting %s to bf16 safetensors (about 20 s)", gguf_path.name)
             convert_gguf(gguf_path, tmp)
         seconds = round(time.monotonic() - start, 1)
+        ensure_sampling_defaults(tmp)  # the file as vLLM must read it (see ensure_sampling_defaults)
         _finish(tmp, final, {"source": GGUF_PACKAGE, "member": GGUF_MEMBER,
                              "seconds": seconds})
     except BaseException:

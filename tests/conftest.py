@@ -35,8 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.nodeid}: in tests/{folder}/ but marked {sorted(marks) or 'with no tier'}")
     if wrong:
         raise pytest.UsageError("tests in the wrong tier folder:\n" + "\n".join(wrong))
-    # Longest modules first: pytest-xdist (-n 2 --dist loadfile) hands whole modules to its two
-    # workers in this order, so the long ones do not end the run alone. Order within a module kept.
+    # Longest modules first: with pytest-xdist (bash tests/run.sh -n 2 --dist loadfile
+    # --no-loadscope-reorder) whole modules go to the two workers in this order, so the long ones
+    # do not end the run alone. Order within a module kept.
     first_seen: dict[str, int] = {}
     for item in items:
         first_seen.setdefault(_module(item, here), len(first_seen))

@@ -77,8 +77,10 @@ def _speculation_controls(settings: Settings):
     from ..vllm_patches.speculation_guard import GUARD_ENV
 
     with environ_restored(BUDGET_ENV, CONFIDENCE_ENV, GUARD_ENV, PENALTIES_ENV):
-        if settings.speculative.enabled:
+        if settings.speculative.enabled and settings.speculative.draft_budget.enabled:
             set_speculation_controls(os.environ, settings)
+        # the rest as asked (eval-draft --calibration sets the confidences itself); draft-side penalties
+        os.environ[PENALTIES_ENV] = "1" if settings.speculative.draft_penalties else "0"
         yield
 
 

@@ -165,7 +165,7 @@ def test_generation_config_defaults_reach_sampling_and_a_request_overrides_them(
     # No sampling field at all (the README's curl): temperature, top_p and penalty from the file.
     unset = answers(seed=3)
     assert unset == answers(default_penalty, seed=3, **sampled)
-    assert unset != answers(0.0, seed=3, **sampled)
+    assert unset != answers(2.0, seed=3, **sampled)  # the request's own penalty wins
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def config(tiny_models, **sections):
 def server(tiny_models, tmp_path_factory):
     cfg = config(tiny_models, server={"api_key": API_KEY, "metrics_require_api_key": True}, limits=LIMITS)
     with ServerProcess(cfg, tmp_path_factory.mktemp("operate")) as srv:
-        warm = client(srv, timeout=60)
+        warm = client(srv, timeout=300)  # the first requests of a fresh engine on a busy host
         warm.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, logprobs=2)
         warm.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
         yield srv
