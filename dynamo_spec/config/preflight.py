@@ -92,7 +92,7 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         for field, entry in schedule.entries(value):
             problems += [Problem("error", line)
                          for line in schedule.problems(entry, spec.num_speculative_tokens, max_num_seqs, where, field)]
-    problems += check_engine_path(settings, on_cpu)
+    problems += check_features_on_path(settings, on_cpu)
     problems += check_patches(settings, on_cpu)
     if not on_cpu:
         problems += check_driver(*_cuda_versions())
@@ -459,7 +459,7 @@ def _mem_available() -> int:
     return 0
 
 
-def check_engine_path(settings: Settings, on_cpu: bool) -> list[Problem]:
+def check_features_on_path(settings: Settings, on_cpu: bool) -> list[Problem]:
     """A steering feature turned on that the runner or scheduling vLLM will choose here cannot run
     (dynamo_spec/engine/paths.py; the server checks vLLM's own config again before it starts)."""
     from dynamo_spec.engine import paths

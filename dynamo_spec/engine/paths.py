@@ -161,12 +161,3 @@ def from_vllm_config(vllm_config: Any) -> EnginePath:
     """The path an engine built from ``vllm_config`` takes (vLLM's own answer)."""
     return EnginePath(bool(vllm_config.use_v2_model_runner), bool(vllm_config.scheduler_config.async_scheduling),
                       "vLLM's config")
-
-
-def table() -> str:
-    """The README's table: each feature and what it needs."""
-    rows = ["| feature | acts in | V1 runner, sync (CPU) | V2 runner, async (GPU default) |", "|---|---|---|---|"]
-    for f in (*FEATURES, *AUTOMATIC):
-        gpu = "yes" if not (f.needs_v1_runner or f.needs_sync) else "refused" if f in FEATURES else "inactive"
-        rows.append(f"| {f.name} | {f.where} | yes | {gpu} |")
-    return "\n".join(rows)
