@@ -9,9 +9,10 @@ token it chose and the one the speculative run chose: in bf16, verifying several
 tokens in one pass rounds differently from one-token steps, so a near-tie (margin
 below ``--tie-nats``) is numerical noise, while a clear margin is a real bug.
 
-Under batching (``--concurrency 1,4,16``): at each concurrency N both engines decode at most
-N requests at once (``max_num_seqs``; all prompts are submitted together, so batches keep N
-requests and mix prefills with decodes), the speculative one with a fixed k and, with
+Under batching (``--concurrency 1,4,16``): at each concurrency N both engines have at most N
+requests in flight (a new one enters as one finishes, as N clients keep a server, so batches
+keep N requests and mix prefills with decodes; one engine per variant serves every N in turn),
+the speculative one with a fixed k and, with
 ``--schedule`` or ``--config``, with a batch-size schedule whose ranges the batch crosses as
 requests finish, and where the config turns it on, with the confidence budget too. What
 else moves greedy output between two runs is reported with the results: vLLM's CPU
@@ -27,6 +28,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..logs import setup_logging
 from .rows import interleave_sources
@@ -60,21 +62,52 @@ def load_prompts(path: Path, n: int) -> list[list[dict]]:
 
 
 def _run(target: Path, prompt_ids, max_tokens: int, dtype: str, draft: Path | None, k: int,
-         generation_config: str = "auto", concurrency: int | None = None, schedule=None,
+         generation_config: str = "auto", concurrency: list[int] | None = None, schedule=None,
          draft_budget: dict | None = None):
-    from vllm.inputs import TokensPrompt
-
+    """Greedy outputs [(tokens, logprobs)] of one engine: all prompts at once, or with `concurrency`
+    a list of them per N ({N: outputs}), N requests in flight at a time; and the penalties applied."""
     from .offline_llm import offline_llm, request_params
 
     # The log-probs the greedy choice was made from (after the model's penalties), not vLLM's
     # default raw ones: a margin is only meaningful on the distribution that chose.
     with offline_llm(target, draft=draft, k=k, dtype=dtype, generation_config=generation_config,
-                     max_num_seqs=concurrency or max(8, len(prompt_ids)), schedule=schedule,
+                     max_num_seqs=max(concurrency) if concurrency else max(8, len(prompt_ids)), schedule=schedule,
                      draft_budget=draft_budget, logprobs_mode="processed_logprobs") as llm:
         params = request_params(llm, temperature=0.0, max_tokens=max_tokens, logprobs=5)
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params,
-                            use_tqdm=False)
-    return [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs], penalties(params)
+        if concurrency:
+            outs = {n: in_flight(llm, prompt_ids, params, n) for n in concurrency}
+        else:
+            outs = [(list(o.outputs[0].token_ids), o.outputs[0].logprobs)
+                    for o in llm.generate([_prompt(p) for p in prompt_ids], params, use_tqdm=False)]
+    return outs, penalties(params)
+
+
+def _prompt(ids: list[int]):
+    from vllm.inputs import TokensPrompt
+
+    return TokensPrompt(prompt_token_ids=ids)
+
+
+def in_flight(llm, prompt_ids: list[list[int]], params, n: int) -> list[tuple[list[int], Any]]:
+    """The prompts in order with at most `n` requests in the engine: the next one enters in the step
+    after one finishes, as with `n` clients (or ``max_num_seqs`` n and all submitted at once)."""
+    engine, todo, results = llm.llm_engine, list(enumerate(prompt_ids)), {}
+    index: dict[str, int] = {}  # by the id given and the id vLLM gives back (outputs carry either)
+
+    def add() -> None:
+        i, ids = todo.pop(0)
+        given = f"verify-{n}-{i}"
+        index[given] = index[engine.add_request(given, _prompt(ids), params)] = i
+
+    for _ in range(min(n, len(todo))):
+        add()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[index[out.request_id]] = (list(out.outputs[0].token_ids), out.outputs[0].logprobs)
+                if todo:
+                    add()
+    return [results[i] for i in range(len(prompt_ids))]
 
 
 def penalties(params) -> dict:
@@ -129,18 +162,17 @@ def verify_batched(target: Path, draft: Path, k: int, prompts: list[list[dict]],
                    generation_config: str = "auto", draft_budget: dict | None = None) -> tuple[list[dict], dict]:
     """At each concurrency: the reference, then fixed k (and the schedule when given, and the
     schedule with the confidence budget when given), each compared token for token with the
-    reference. Rows of {concurrency, variant, diffs}."""
+    reference. One engine each, serving every concurrency in turn. Rows of {concurrency, variant, diffs}."""
     ids = _prompt_ids(target, prompts)
-    rows, applied = [], {}
     variants = [(f"k={k}", None, None)] + ([(f"schedule {json.dumps(schedule)}", schedule, None)] if schedule else [])
     if draft_budget:
         variants.append(((f"schedule {json.dumps(schedule)}" if schedule else f"k={k}") + " + confidence budget",
                          schedule, draft_budget))
-    for n in concurrency:
-        reference, applied = _run(target, ids, max_tokens, dtype, None, k, generation_config, n)
-        for name, sched, budget in variants:
-            speculative, _ = _run(target, ids, max_tokens, dtype, draft, k, generation_config, n, sched, budget)
-            rows.append({"concurrency": n, "variant": name, "diffs": compare(reference, speculative)})
+    reference, applied = _run(target, ids, max_tokens, dtype, None, k, generation_config, concurrency)
+    speculative = {name: _run(target, ids, max_tokens, dtype, draft, k, generation_config, concurrency, sched,
+                              budget)[0] for name, sched, budget in variants}
+    rows = [{"concurrency": n, "variant": name, "diffs": compare(reference[n], outs[n])}
+            for n in concurrency for name, outs in speculative.items()]
     return rows, applied
 
 
