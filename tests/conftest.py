@@ -47,8 +47,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # By their durations in CI (`--durations`, 2-core host); a module not listed runs after these.
 LONGEST_FIRST = [
-    "integration/test_bench.py", "integration/test_bench_one_at_a_time.py", "integration/test_verify_batching.py",
-    "integration/test_lifecycle.py", "integration/test_verify.py", "integration/test_draft_penalties.py",
+    "integration/test_bench.py", "integration/test_bench_one_at_a_time.py", "integration/test_verify.py",
+    "integration/test_lifecycle.py", "integration/test_verify_batching.py", "integration/test_draft_penalties.py",
     "e2e/test_launch.py", "integration/test_default_model.py", "integration/test_compile_cache.py",
     "integration/test_draft_budget.py", "integration/test_eval_draft.py", "integration/test_corpus.py",
     "integration/test_zero_draft_steps.py", "integration/test_fixtures.py", "integration/test_fuzz.py",

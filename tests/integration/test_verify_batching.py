@@ -1,5 +1,6 @@
 """`dynamo-spec verify` under batching, a schedule and the shipped penalty on the tiny fixtures (its own
-module: the longest verify run, so the suite's two workers can run it beside the others)."""
+module, so the suite's two workers can run it beside the others; one engine per variant serves the
+three concurrencies)."""
 
 from __future__ import annotations
 
