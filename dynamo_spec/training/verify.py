@@ -92,19 +92,17 @@ def in_flight(llm, prompt_ids: list[list[int]], params, n: int) -> list[tuple[li
     """The prompts in order with at most `n` requests in the engine: the next one enters in the step
     after one finishes, as with `n` clients (or ``max_num_seqs`` n and all submitted at once)."""
     engine, todo, results = llm.llm_engine, list(enumerate(prompt_ids)), {}
-    index: dict[str, int] = {}  # by the id given and the id vLLM gives back (outputs carry either)
 
-    def add() -> None:
+    def add() -> None:  # outputs carry the id given here (vLLM's own internal id is another)
         i, ids = todo.pop(0)
-        given = f"verify-{n}-{i}"
-        index[given] = index[engine.add_request(given, _prompt(ids), params)] = i
+        engine.add_request(str(i), _prompt(ids), params)
 
     for _ in range(min(n, len(todo))):
         add()
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
-                results[index[out.request_id]] = (list(out.outputs[0].token_ids), out.outputs[0].logprobs)
+                results[int(out.request_id)] = (list(out.outputs[0].token_ids), out.outputs[0].logprobs)
                 if todo:
                     add()
     return [results[i] for i in range(len(prompt_ids))]
