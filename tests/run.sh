@@ -34,4 +34,12 @@ ensure_venv
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 TOKENIZERS_PARALLELISM=false
 # Lint first (seconds): the rules are in pyproject.toml [tool.ruff].
 "$DYNAMO_SPEC_VENV/bin/ruff" check --quiet "$DYNAMO_SPEC_ROOT"
-exec "$DYNAMO_SPEC_VENV/bin/python" -m pytest "$@"
+pytest=("$DYNAMO_SPEC_VENV/bin/python" -m pytest)
+if [ $# -gt 0 ]; then exec "${pytest[@]}" "$@"; fi
+# The whole suite (CI, the README's command): two workers, whole modules each (most of a test's
+# time is single-threaded: vLLM's imports in three processes per engine start), then the
+# timing-sensitive modules (marker `serial`) alone, so no other engine competes for the cores.
+status=0
+"${pytest[@]}" -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" || status=$?
+"${pytest[@]}" -m serial -p no:xdist || status=$((status ? status : $?))
+exit "$status"

@@ -21,7 +21,7 @@ from support.processes import Watch
 from support.server import ServerProcess, _group_members, tiny_config
 from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, config, metric, post
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 HOOKS = Path(__file__).parent / "hooks"
 

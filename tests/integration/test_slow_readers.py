@@ -23,7 +23,7 @@ from support.server import ServerProcess
 from tests.integration.test_lifecycle import in_flight
 from tests.integration.test_operate import PROMPT, client, config, engine_stopped_generating
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 TIMEOUT = 8
 READERS = 32
