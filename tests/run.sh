@@ -36,9 +36,10 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 TOKENIZERS_PARALLELISM=false
 "$DYNAMO_SPEC_VENV/bin/ruff" check --quiet "$DYNAMO_SPEC_ROOT"
 pytest=("$DYNAMO_SPEC_VENV/bin/python" -m pytest)
 if [ $# -gt 0 ]; then exec "${pytest[@]}" "$@"; fi
-# The whole suite (CI, the README's command): two workers, whole modules each (most of a test's
-# time is single-threaded: vLLM's imports in three processes per engine start), then the
-# timing-sensitive modules (marker `serial`) alone, so no other engine competes for the cores.
+# The whole suite (CI, the README's command): two workers, whole modules each, each worker on its own
+# share of the cores (tests/conftest.py; most of an engine start is single-threaded: vLLM's imports
+# in three processes), then the modules marked `serial` (timing-sensitive, or needing every core)
+# alone on every core.
 status=0
 "${pytest[@]}" -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" || status=$?
 "${pytest[@]}" -m serial -p no:xdist || status=$((status ? status : $?))

@@ -12,7 +12,7 @@ import pytest
 from support.server import ServerProcess, tiny_config
 from tests.integration.test_acceptance_metrics import MAX_TOKENS, PROMPTS, K, get, samples
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.serial,  # every core, not a worker's share
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks need two cores")]
 
 
