@@ -22,6 +22,23 @@ def pytest_configure(config: pytest.Config) -> None:
     _own_cores()
 
 
+EVERY_CORE = "DYNAMO_SPEC_TEST_CORES"  # the cores the suite was given, before a worker took its share
+
+
+def every_core() -> set[int]:
+    return {int(c) for c in os.environ[EVERY_CORE].split(",")}
+
+
+@pytest.fixture(scope="module")
+def on_every_core():
+    """For a module that needs the whole machine (two tensor-parallel ranks, a core each): what
+    it starts runs on every core while it runs, beside the other worker's module."""
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, every_core())
+    yield
+    os.sched_setaffinity(0, own)
+
+
 def _own_cores() -> None:
     """Under pytest-xdist, each worker (and every server and engine it starts, which inherit it)
     gets its own share of the cores. Unshared, the two workers' engines spin on each other's cores
@@ -30,6 +47,7 @@ def _own_cores() -> None:
     to that share (engine/cpu_threads.py)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cpus = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault(EVERY_CORE, ",".join(map(str, cpus)))
     if worker is None or count < 2 or len(cpus) < count:
         return
     per, index = len(cpus) // count, int(worker.removeprefix("gw"))
@@ -60,16 +78,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                  else len(LONGEST_FIRST) + first_seen[m]))
 
 
-# By their durations in CI (`--durations`, 2-core host); a module not listed runs after these.
+# By their durations in CI (`--durations`, a 2-core host, each worker on one core); a module not
+# listed runs after these. test_lifecycle.py (marker serial) runs after the workers, alone.
 LONGEST_FIRST = [
     "integration/test_bench.py", "integration/test_bench_one_at_a_time.py", "integration/test_verify.py",
-    "integration/test_lifecycle.py", "integration/test_verify_batching.py", "integration/test_draft_penalties.py",
-    "e2e/test_launch.py", "integration/test_default_model.py", "integration/test_compile_cache.py",
-    "integration/test_draft_budget.py", "integration/test_eval_draft.py", "integration/test_corpus.py",
-    "integration/test_zero_draft_steps.py", "integration/test_fixtures.py", "integration/test_fuzz.py",
-    "integration/test_operate.py", "integration/test_api.py", "e2e/test_prometheus.py",
-    "e2e/test_ray_cluster.py", "integration/test_acceptance_metrics.py", "integration/test_tensor_parallel.py",
-    "integration/test_speculation_guard.py", "integration/test_train_data.py", "integration/test_zen_platform.py",
+    "integration/test_eval_draft.py", "integration/test_compile_cache.py", "integration/test_verify_batching.py",
+    "e2e/test_launch.py", "integration/test_fixtures.py", "integration/test_zero_draft_steps.py",
+    "integration/test_draft_budget.py", "integration/test_corpus.py", "integration/test_fuzz.py",
+    "integration/test_default_model.py", "integration/test_speculation_guard.py", "integration/test_tensor_parallel.py",
+    "integration/test_draft_penalties.py", "integration/test_operate.py", "integration/test_api.py",
+    "e2e/test_ray_cluster.py", "integration/test_acceptance_metrics.py", "e2e/test_prometheus.py",
+    "integration/test_seeded_sampling.py", "integration/test_schedule.py", "integration/test_slow_readers.py",
+    "integration/test_train_data.py", "integration/test_zen_platform.py",
 ]
 
 

@@ -18,7 +18,7 @@ import requests
 
 from support.server import ServerProcess, tiny_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 API_KEY = "operate-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -4,16 +4,15 @@ exact. The server splits the cores between the ranks itself (VLLM_CPU_OMP_THREAD
 
 from __future__ import annotations
 
-import os
-
 import openai
 import pytest
 
 from support.server import ServerProcess, tiny_config
+from tests.conftest import every_core
 from tests.integration.test_acceptance_metrics import MAX_TOKENS, PROMPTS, K, get, samples
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial,  # every core, not a worker's share
-              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks need two cores")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("on_every_core"),  # not a worker's share
+              pytest.mark.skipif(len(every_core()) < 2, reason="two ranks need two cores")]
 
 
 def completions(server) -> list[str]:
