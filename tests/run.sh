@@ -38,8 +38,8 @@ pytest=("$DYNAMO_SPEC_VENV/bin/python" -m pytest)
 if [ $# -gt 0 ]; then exec "${pytest[@]}" "$@"; fi
 # The whole suite (CI, the README's command): two workers, whole modules each, each worker on its own
 # share of the cores (tests/conftest.py; most of an engine start is single-threaded: vLLM's imports
-# in three processes), then the modules marked `serial` (the server's life:
-# start, drain, shutdown and a crash, with no other engine beside them) alone on every core.
+# in three processes), then the tests marked `serial` (a compiled engine's
+# shutdown, timed against a slow exit) alone on every core.
 status=0
 "${pytest[@]}" -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" || status=$?
 "${pytest[@]}" -m serial -p no:xdist || status=$((status ? status : $?))

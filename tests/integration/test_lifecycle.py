@@ -21,7 +21,7 @@ from support.processes import Watch
 from support.server import ServerProcess, _group_members, tiny_config
 from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, config, metric, post
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 HOOKS = Path(__file__).parent / "hooks"
 
@@ -140,6 +140,7 @@ def test_drain_past_the_grace_cuts_and_exits_1(tiny_models, tmp_path):
         assert "1 request(s) still in flight after 1 s" in srv.log()
 
 
+@pytest.mark.serial  # a compiled engine and a slow exit: alone on every core (tests/run.sh)
 def test_serve_exits_only_after_its_processes_and_shared_memory_are_gone(tiny_models, tmp_path):
     """The compiled engine, 8 streams in flight at SIGTERM, and a worker that takes 8 s to
     exit (a hook; a compiled worker's last garbage collection can take that long on a busy
