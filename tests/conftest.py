@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamo_spec.engine.process_env import vllm_dirs
+from support.cores import every_core, take_own_share
 from support.tiny_models import build_fixture_set
 
 
@@ -19,14 +20,7 @@ def pytest_configure(config: pytest.Config) -> None:
     root = Path(tempfile.mkdtemp(prefix="dynamo-spec-tests-"))
     os.environ.update(vllm_dirs(root, offline=True))
     config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
-    _own_cores()
-
-
-EVERY_CORE = "DYNAMO_SPEC_TEST_CORES"  # the cores the suite was given, before a worker took its share
-
-
-def every_core() -> set[int]:
-    return {int(c) for c in os.environ[EVERY_CORE].split(",")}
+    take_own_share()  # before any engine starts: what the worker starts inherits it
 
 
 @pytest.fixture(scope="module")
@@ -37,21 +31,6 @@ def on_every_core():
     os.sched_setaffinity(0, every_core())
     yield
     os.sched_setaffinity(0, own)
-
-
-def _own_cores() -> None:
-    """Under pytest-xdist, each worker (and every server and engine it starts, which inherit it)
-    gets its own share of the cores. Unshared, the two workers' engines spin on each other's cores
-    (vLLM's workers busy-wait between steps): two modules took 233 s on two workers against 320 s
-    one after the other; on a core each, 181 s (Zen 4, 2 cores). vLLM then binds its threads
-    to that share (engine/cpu_threads.py)."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cpus = sorted(os.sched_getaffinity(0))
-    os.environ.setdefault(EVERY_CORE, ",".join(map(str, cpus)))
-    if worker is None or count < 2 or len(cpus) < count:
-        return
-    per, index = len(cpus) // count, int(worker.removeprefix("gw"))
-    os.sched_setaffinity(0, cpus[index * per:(index + 1) * per])
 
 
 TIERS = ("unit", "integration", "e2e")

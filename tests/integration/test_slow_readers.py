@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from support.server import ServerProcess
-from tests.integration.test_lifecycle import in_flight
+from tests.integration.test_lifecycle import in_flight, wait_in_flight
 from tests.integration.test_operate import PROMPT, client, config, engine_stopped_generating
 
 pytestmark = pytest.mark.integration
@@ -83,14 +83,7 @@ def test_slow_readers_hold_no_one_hostage_stay_bounded_and_still_time_out(tiny_m
         readers = [SlowReader(srv.port, 1900) for _ in range(READERS)]
         for reader in readers:
             reader.start()
-        # Until all are in flight; the wait takes its time from the server's progress (fails when
-        # the count has not risen for 30 s), not from the host's speed.
-        seen, moved = in_flight(srv), time.monotonic()
-        while seen < READERS:
-            assert time.monotonic() - moved < 30, f"the slow streams never all ran ({seen:.0f} of {READERS})"
-            time.sleep(0.1)
-            if (now := in_flight(srv)) > seen:
-                seen, moved = now, time.monotonic()
+        wait_in_flight(srv, READERS, [], stall=30)  # from the server's progress, not the host's speed
         # Others are served while every slow stream is in flight.
         for _ in range(4):
             answer = fast.completions.create(model="tiny", prompt=PROMPT, max_tokens=32, temperature=0)
