@@ -6,7 +6,8 @@
 Three servers from the same config, started in turn (order reversed every other round):
 ``plain`` (speculation off), ``k0`` (speculation on, schedule ``[[1, max_num_seqs, 0]]``:
 never a draft token) and ``k0-vllm`` (the same with dynamo-spec's zero-draft-step
-changes turned off, ``DYNAMO_SPEC_ZERO_DRAFT_STEPS=0``: what vLLM 0.32 does by itself).
+changes turned off, ``engine.extra.additional_config.dynamo_spec.zero_draft_steps: false``: what
+vLLM 0.32 does by itself).
 The load is the bench's (streaming chat, official openai client, greedy, judge prompts).
 Prints every round and the median ratio of each speculative server to ``plain``.
 """
@@ -22,7 +23,6 @@ from dynamo_spec.config import schedule as schedules
 from dynamo_spec.config.loader import load_settings
 from dynamo_spec.config.preflight import effective_max_num_seqs
 from dynamo_spec.engine.host import on_cpu
-from dynamo_spec.vllm_patches import ZERO_DRAFT_STEPS_ENV
 
 
 def main() -> None:
@@ -39,8 +39,8 @@ def main() -> None:
     servers = {
         "plain": ({}, ["--speculative.enabled", "false"]),
         "k0": ({}, ["--" + schedules.FIELD, never]),
-        "k0-vllm": ({ZERO_DRAFT_STEPS_ENV: "0"},
-                    ["--" + schedules.FIELD, never]),
+        "k0-vllm": ({}, ["--" + schedules.FIELD, never,
+                         "--engine.extra.additional_config.dynamo_spec.zero_draft_steps", "false"]),
     }
     cs = [int(c) for c in args.concurrency.split(",")]
     results = alternate(args.config, servers, cs, args.rounds, args.max_tokens, args.out)

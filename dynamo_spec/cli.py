@@ -8,9 +8,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dynamo_spec.config.loader import ConfigError, LoadedSettings, effective_config, load_settings
 from dynamo_spec.logs import setup_logging
+
+if TYPE_CHECKING:
+    from dynamo_spec.config.settings import Settings
+    from dynamo_spec.engine.paths import EnginePath
 
 EXIT_CONFIG = 2  # bad configuration or a failed preflight
 
@@ -80,7 +85,6 @@ def _load(args: argparse.Namespace) -> LoadedSettings:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from dynamo_spec.config import schedule
-    from dynamo_spec.engine import paths
     from dynamo_spec.engine.host import detect_host, resolve_dtype
 
     loaded = _load(args)
@@ -91,16 +95,16 @@ def cmd_config(args: argparse.Namespace) -> int:
     applied, why_schedule = schedule.for_engine(loaded.settings, dtype)
     if why_schedule:
         resolved[schedule.FIELD] = (schedule.as_lists(applied), why_schedule)
-    path = paths.predict_here(loaded.settings)  # the model runner and scheduling vLLM will pick here
+    path, path_lines = _engine_path(loaded.settings)
     if args.json:
         out = []
         for f, v, s in rows:
             out.append({"field": f, "value": v, "source": s})
             if f in resolved:
                 out[-1].update(resolved=resolved[f][0], why=resolved[f][1])
-        out.append({"field": "engine path", "value": {"v2_runner": path.v2_runner,
-                                                      "async_scheduling": path.async_scheduling},
-                    "source": path.source})
+        value = {"v2_runner": path.v2_runner, "async_scheduling": path.async_scheduling} if path else None
+        out.append({"field": "engine path", "value": value, "source": path.source if path else None,
+                    "notes": path_lines})
         print(json.dumps(out, indent=2, default=str))
         return 0
     rows = [(f, f"{_show(v)} -> {_show(resolved[f][0])}", f"{s} ({resolved[f][1]})") if f in resolved else (f, v, s)
@@ -109,8 +113,27 @@ def cmd_config(args: argparse.Namespace) -> int:
     vwidth = min(48, max(len(_show(v)) for _, v, _ in rows))
     for field, value, source in rows:
         print(f"{field:<{width}}  {_show(value):<{vwidth}}  {source}")
-    print(f"engine path: {path}")
+    print(f"engine path: {path or 'none: vLLM would refuse to start'}")
+    for line in path_lines:
+        print(f"  {line}")
     return 0
+
+
+def _engine_path(settings: Settings) -> tuple[EnginePath | None, list[str]]:
+    """The model runner and scheduling vLLM will pick here, and what the features declared in
+    ``engine/features.py`` make of it (the lines preflight and the server refuse or log); None and
+    the reason where vLLM would refuse to start."""
+    from dynamo_spec.engine import features, paths
+    from dynamo_spec.engine.host import on_cpu
+    from dynamo_spec.vllm_patches import unapplied
+
+    cpu = on_cpu()
+    try:
+        path = paths.predict(settings, on_cpu=cpu, triton=paths.has_triton(cpu))
+    except paths.PredictionError as exc:
+        return None, [f"error: {exc}"]
+    problems = features.refusals(settings, path, unapplied(cpu))
+    return path, [str(p) for p in problems] + features.inactive(settings, path, unapplied(cpu))
 
 
 def _show(value: object) -> str:

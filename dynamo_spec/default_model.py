@@ -37,7 +37,8 @@ MARKER = ".dynamo_spec_complete"
 # repeat words of the prompt (the choice and its evidence: `dynamo-spec eval-sampling`,
 # models/smollm2-135m-instruct-eagle3/README.md, "Sampling defaults"). repetition_penalty 1.0
 # replaces the old 1.1 in a model converted before. Written into the converted model's
-# generation_config.json, whose values vLLM applies to each sampling field a request leaves unset.
+# generation_config.json, whose values vLLM applies to each sampling field a request leaves unset; a
+# value the user changes there stays (ensure_sampling_defaults).
 SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9,
                      "repetition_penalty": 1.0, "presence_penalty": 0.8}
 
@@ -121,22 +122,60 @@ def _fix_config(model, tokenizer) -> None:
 
 
 FROM_MODEL = "_from_model_config"
+# Beside generation_config.json: the sampling values this project last wrote into it. A value that no longer
+# equals its record was set by the user, and stays.
+SAMPLING_RECORD = ".dynamo_spec_sampling.json"
+# What earlier versions wrote, before the record: in a file without one, these values are ours too.
+EARLIER_DEFAULTS = {"repetition_penalty": (1.1,)}
+
+
+def _whose(key: str, value, record: dict | None) -> str:
+    """Whether this project wrote ``value`` ("ours": by the record, or in a file without one by the defaults
+    of now or before) or the user did ("user's")."""
+    if value == SAMPLING_DEFAULTS[key]:
+        return "ours"
+    if record is None:
+        return "ours" if value in EARLIER_DEFAULTS.get(key, ()) else "user's"
+    return "ours" if key in record and record[key] == value else "user's"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def ensure_sampling_defaults(model_dir: Path) -> bool:
-    """Bring ``generation_config.json`` of a converted model to :data:`SAMPLING_DEFAULTS`
-    (models converted before they existed); True when the file changed."""
+    """Give ``generation_config.json`` of a converted model each of :data:`SAMPLING_DEFAULTS` it lacks and
+    bring the values this project wrote to today's defaults; a value the user set stays (the record of what
+    was written: :data:`SAMPLING_RECORD`). Logs each value and whose it is; True when the file changed."""
     path = Path(model_dir) / "generation_config.json"
+    record_path = path.with_name(SAMPLING_RECORD)
     config = json.loads(path.read_text()) if path.is_file() else {}
-    if all(config.get(key) == value for key, value in SAMPLING_DEFAULTS.items()) and not config.get(FROM_MODEL):
-        return False
-    config.update(SAMPLING_DEFAULTS)
+    record = json.loads(record_path.read_text()) if record_path.is_file() else None
+    updated, ours, notes = dict(config), {}, []
+    for key, default in SAMPLING_DEFAULTS.items():
+        if key in config and _whose(key, config[key], record) == "user's":
+            notes.append(f"{key}={config[key]!r} (the user's, kept; ours: {default!r})")
+            continue
+        if key not in config:
+            notes.append(f"{key}={default!r} (ours, added)")
+        elif config[key] != default:
+            notes.append(f"{key}={default!r} (ours, was {config[key]!r})")
+        else:
+            notes.append(f"{key}={default!r} (ours)")
+        updated[key] = ours[key] = default
     # transformers reads a file marked as made from the model's config without the fields it does not
-    # know (presence_penalty among them), and vLLM reads the file through it: the file is ours now
-    config[FROM_MODEL] = False
-    path.write_text(json.dumps(config, indent=2) + "\n")
-    logger.info("%s: sampling defaults %s", path, SAMPLING_DEFAULTS)
-    return True
+    # know (presence_penalty among them), and vLLM reads the file through it: the file is read as written
+    updated[FROM_MODEL] = False
+    changed = updated != config
+    if changed:
+        _write_json(path, updated)
+    written = {**(record or {}), **ours}  # a user's value leaves its record as it was: nothing to write
+    if written != record:
+        _write_json(record_path, written)
+    logger.info("%s: sampling defaults %s", path, ", ".join(notes))
+    return changed
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

@@ -460,41 +460,26 @@ def _mem_available() -> int:
 
 
 def check_features_on_path(settings: Settings, on_cpu: bool) -> list[Problem]:
-    """A steering feature turned on that the runner or scheduling vLLM will choose here cannot run
-    (dynamo_spec/engine/paths.py; the server checks vLLM's own config again before it starts)."""
-    from dynamo_spec.engine import paths
+    """A feature turned on that the runner or scheduling vLLM will choose here cannot run, or a path
+    vLLM would refuse (``features.refusals`` on ``paths.predict``; the server runs the same check on
+    vLLM's own config before it starts)."""
+    from dynamo_spec.engine import features, paths
 
-    path = paths.predict(settings, on_cpu=on_cpu, triton=paths.has_triton())
-    return [Problem("error", line) for line in paths.refusals(settings, path)]
-
-
-PATCHED_FEATURES: dict[str, Any] = {
-    "speculative.tenants": lambda spec: bool(spec.tenants),
-    "speculative.guard": lambda spec: spec.guard.enabled,
-    "speculative.draft_budget": lambda spec: spec.draft_budget.enabled,
-}
+    try:
+        path = paths.predict(settings, on_cpu=on_cpu, triton=paths.has_triton(on_cpu))
+    except paths.PredictionError as exc:
+        return [Problem("error", str(exc))]
+    return features.refusals(settings, path, [])
 
 
 def check_patches(settings: Settings, on_cpu: bool) -> list[Problem]:
-    """Fail closed where a patch of vLLM cannot apply (vLLM is not a version it was checked on):
-    a correctness fix is an error unless engine.allow_unpatched_vllm; a feature turned on that a
-    patch backs is an error (dynamo_spec/vllm_patches/__init__.py, PATCHES)."""
-    from dynamo_spec.vllm_patches import checked_on, unapplied
-    from dynamo_spec.vllm_patches._upstream import FORCE_ENV, vllm_version
+    """Fail closed where a patch of vLLM cannot apply (vLLM is not a version it was checked on): a
+    correctness fix is an error unless engine.allow_unpatched_vllm; a feature turned on that the
+    patch backs is an error (``features.refusals``, the server's check too)."""
+    from dynamo_spec.engine import features
+    from dynamo_spec.vllm_patches import unapplied
 
-    problems = []
-    for patch in unapplied(on_cpu):
-        checked = ", ".join(checked_on(patch))
-        why = f"vLLM {vllm_version()} is not a version its patch {patch.module} was checked on ({checked})"
-        fix = f"install vLLM {checked} (or set {FORCE_ENV}=1 to apply the patch anyway)"
-        if patch.kind == "correctness":
-            level = "warning" if settings.engine.allow_unpatched_vllm else "error"
-            problems.append(Problem(level, f"{why}; without it {patch.without}: {fix}, or set "
-                                           "engine.allow_unpatched_vllm: true to serve anyway"))
-        for field in patch.features:
-            if settings.speculative.enabled and PATCHED_FEATURES[field](settings.speculative):
-                problems.append(Problem("error", f"{field}: {why}, so it would do nothing: {fix}, or turn it off"))
-    return problems
+    return features.refusals(settings, None, unapplied(on_cpu))
 
 
 def check_driver(torch_cuda: str | None, driver_cuda: int | None) -> list[Problem]:

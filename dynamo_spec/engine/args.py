@@ -1,6 +1,8 @@
 """Settings -> vLLM's arguments, the one place that translates them: the engine's
 (``engine_kwargs``, a pure function pinned by unit tests; the offline engines of the
-training tools use it too) and the OpenAI frontend's (``vllm_serving_args``)."""
+training tools use it too), with this project's switches of that engine (``engine_switches``,
+which the patches in ``dynamo_spec.vllm_patches`` read from the engine's own config), and the
+OpenAI frontend's (``vllm_serving_args``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,17 @@ from typing import Any
 from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.host import Host, detect_host, resolve_dtype
+from dynamo_spec.vllm_patches import CONFIG_KEY
+from dynamo_spec.vllm_patches.draft_admission import CONFIDENCE_LOG_KEY
+from dynamo_spec.vllm_patches.draft_budget import BUDGET_KEY, BudgetConfig
+from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_KEY
+from dynamo_spec.vllm_patches.draft_penalties import PENALTIES_KEY
+from dynamo_spec.vllm_patches.speculation_guard import GUARD_KEY, GuardConfig
+from dynamo_spec.vllm_patches.zero_draft_steps import ZERO_DRAFT_KEY
+
+# Switches with no settings field, for A/B runs and the training tools only, taken from
+# ``engine.extra.additional_config.dynamo_spec`` (name -> type).
+PASSTHROUGH_SWITCHES = {ZERO_DRAFT_KEY: bool, CONFIDENCE_LOG_KEY: str}
 
 
 def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str, Any] | None:
@@ -30,6 +43,33 @@ def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str
         config["draft_tensor_parallel_size"] = spec.draft_tensor_parallel_size
     config.update(spec.extra)
     return config
+
+
+def engine_switches(settings: Settings) -> dict[str, Any]:
+    """This project's switches of one speculative engine: the value of vLLM's
+    ``additional_config["dynamo_spec"]`` (vLLM hands it to every process of the engine; each patch
+    reads its own switch from its scheduler's, runner's or proposer's ``vllm_config``). Plain JSON
+    data: vLLM's config hash (``VllmConfig.compute_hash``) dumps ``additional_config`` whole, so the
+    compile cache keys on these start-time switches too (an engine started with other ones compiles
+    once more; a hash that left them out needs ``additional_config`` to be a non-dict object, which
+    vLLM's own ``additional_config`` readers and writers do not accept). With
+    ``engine.extra.additional_config.dynamo_spec``, only the switches without a settings field
+    (:data:`PASSTHROUGH_SWITCHES`) may be set there."""
+    spec = settings.speculative
+    given = settings.engine.extra.get("additional_config", {}).get(CONFIG_KEY, {})
+    for key, value in given.items():
+        if key not in PASSTHROUGH_SWITCHES or not isinstance(value, PASSTHROUGH_SWITCHES[key]):
+            allowed = ", ".join(f"{k} ({t.__name__})" for k, t in PASSTHROUGH_SWITCHES.items())
+            raise ValueError(f"engine.extra.additional_config.{CONFIG_KEY}.{key}: only {allowed} may be set "
+                             f"there; the other switches come from the speculative settings")
+    guard = GuardConfig(**spec.guard.model_dump(exclude={"enabled"})).to_switch() if spec.guard.enabled else None
+    budget = spec.draft_budget
+    budget_switch = BudgetConfig(
+        draft_token_cost=tuple(map(tuple, budget.draft_token_cost)), min_observations=budget.min_observations,
+        explore_every=budget.explore_every).to_switch() if budget.enabled else None
+    return {**given, PENALTIES_KEY: spec.draft_penalties, GUARD_KEY: guard, BUDGET_KEY: budget_switch,
+            # the budget needs the drafts' confidences, and so does a confidence log
+            CONFIDENCE_KEY: budget_switch is not None or bool(given.get(CONFIDENCE_LOG_KEY))}
 
 
 def engine_kwargs(settings: Settings, host: Host | None = None) -> dict[str, Any]:
@@ -61,6 +101,8 @@ def engine_kwargs(settings: Settings, host: Host | None = None) -> dict[str, Any
         kwargs["per_request_spec_decode_metrics"] = engine.per_request_spec_decode_metrics
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     kwargs.update(engine.extra)
+    if "speculative_config" in kwargs:  # a user's additional_config is kept beside this project's key
+        kwargs["additional_config"] = {**engine.extra.get("additional_config", {}), CONFIG_KEY: engine_switches(settings)}
     return kwargs
 
 

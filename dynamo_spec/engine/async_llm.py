@@ -12,15 +12,12 @@ from typing import Any
 
 from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
-from dynamo_spec.engine import paths
+from dynamo_spec.engine import features, paths
 from dynamo_spec.engine.args import build_engine_args, build_vllm_config, serve_usage_context
 from dynamo_spec.engine.host import detect_host, resolve_dtype
 from dynamo_spec.engine.process_env import prepare_engine_processes
 from dynamo_spec.engine.teardown import set_worker_timeout, shutdown_engine
-from dynamo_spec.vllm_patches.draft_budget import BUDGET_ENV, BudgetConfig
-from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_ENV
-from dynamo_spec.vllm_patches.draft_penalties import PENALTIES_ENV
-from dynamo_spec.vllm_patches.speculation_guard import GUARD_ENV, GuardConfig
+from dynamo_spec.vllm_patches import Patch, unapplied
 
 logger = logging.getLogger("dynamo_spec.engine.async_llm")
 
@@ -40,7 +37,6 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
     prepare_engine_processes(ranks=settings.engine.tensor_parallel_size * settings.engine.pipeline_parallel_size,
                              cpu_preload=settings.engine.cpu_preload)
     set_worker_timeout(os.environ, settings.server.engine_stop_seconds)
-    set_speculation_controls(os.environ, settings)
     host = detect_host()
     dtype, why = resolve_dtype(settings.engine.dtype, host)
     if why:
@@ -55,7 +51,7 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
         # AsyncLLM.from_engine_args, with `vllm serve`'s usage context and the path checked in between
         engine_args = build_engine_args(settings)
         vllm_config = build_vllm_config(settings, engine_args)
-        check_engine_path(settings, vllm_config)
+        check_engine_path(settings, vllm_config, unapplied(host.on_cpu))
         return AsyncLLM(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
                         log_requests=engine_args.enable_log_requests, log_stats=not engine_args.disable_log_stats,
                         usage_context=serve_usage_context(), stat_loggers=list(stat_loggers) or None)
@@ -68,39 +64,22 @@ async def open_engine(settings: Settings, stat_loggers: Sequence[Any] = ()) -> A
 
 
 class EnginePathError(RuntimeError):
-    """A feature the settings turned on cannot run on the path this engine takes."""
+    """The engine would run without what the settings need: a feature turned on that cannot act
+    (its patch stays off, or this runner or scheduling cannot run it), or a correctness fix."""
 
 
-def check_engine_path(settings: Settings, vllm_config: Any) -> paths.EnginePath:
-    """From the config vLLM built, before any engine process starts: refuse a feature turned on that
-    this runner or scheduling cannot run (one line each), and say which automatic ones stay off."""
+def check_engine_path(settings: Settings, vllm_config: Any, unapplied_patches: Sequence[Patch]) -> paths.EnginePath:
+    """From the config vLLM built, before any engine process starts, preflight's check again
+    (``features.refusals``), so that ``serve --skip-preflight`` cannot start a feature inactive:
+    refuse (one line each), warn where allowed, and say which automatic features stay off."""
     path = paths.from_vllm_config(vllm_config)
     logger.info("engine path: %s", path)
-    if lines := paths.refusals(settings, path):
-        raise EnginePathError("; ".join(lines))
-    for line in paths.inactive(settings, path):
+    problems = features.refusals(settings, path, unapplied_patches)
+    if errors := [p.message for p in problems if p.level == "error"]:
+        raise EnginePathError("; ".join(errors))
+    for line in [p.message for p in problems] + features.inactive(settings, path, unapplied_patches):
         logger.warning("%s", line)
     return path
-
-
-def set_speculation_controls(environ, settings: Settings) -> None:
-    """Hand the speculation guard's and the confidence budget's settings to the engine's processes
-    (or none); the budget needs the drafts' confidences. Draft-side penalties: on unless turned off."""
-    environ[PENALTIES_ENV] = "1" if settings.speculative.draft_penalties else "0"
-    guard = settings.speculative.guard
-    if settings.speculative.enabled and guard.enabled:
-        environ[GUARD_ENV] = GuardConfig(**guard.model_dump(exclude={"enabled"})).to_env()
-    else:
-        environ.pop(GUARD_ENV, None)
-    budget = settings.speculative.draft_budget
-    if settings.speculative.enabled and budget.enabled:
-        environ[BUDGET_ENV] = BudgetConfig(
-            draft_token_cost=tuple(map(tuple, budget.draft_token_cost)), min_observations=budget.min_observations,
-            explore_every=budget.explore_every).to_env()
-        environ[CONFIDENCE_ENV] = "1"
-    else:
-        environ.pop(BUDGET_ENV, None)
-        environ.pop(CONFIDENCE_ENV, None)
 
 
 def stop_loading(grace: float = 5.0) -> int:

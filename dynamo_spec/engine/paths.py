@@ -1,35 +1,46 @@
-"""Which path through vLLM an engine takes, and where each steering feature works on it.
+"""Which path through vLLM an engine takes: its model runner and its scheduling.
 
 vLLM 0.32 has two model runners and two kinds of scheduling (``vllm/config/vllm.py``):
 
-- **Model Runner V2** (``VllmConfig.use_v2_model_runner``) whenever Triton is importable, unless
-  ``VLLM_USE_V2_MODEL_RUNNER`` says otherwise or a feature it lacks is on; EAGLE-3 is not one of
-  those, so a GPU runs V2. vLLM's CPU build has no Triton: the **V1 runner**.
-- **Asynchronous scheduling** by default for EAGLE-3, unless the platform (CPU) or an option
-  (``engine.extra.async_scheduling: false``, pipeline parallelism on V1, another executor)
-  turns it off. Under it the scheduler gives each request placeholder drafts and
-  ``Scheduler.update_draft_token_ids`` is never called.
+- **Model Runner V2** (``VllmConfig.use_v2_model_runner``): ``VLLM_USE_V2_MODEL_RUNNER`` if set
+  (read with ``int()``), else V2 when vLLM finds Triton usable and no feature V2 lacks is on
+  (``_get_v2_model_runner_unsupported_features``: some methods, parallel drafting, a draft with
+  another vocabulary, dual batch overlap). EAGLE-3 on a GPU runs V2; vLLM's CPU build has no
+  Triton: the **V1 runner**.
+- **Asynchronous scheduling** by default, unless the platform (CPU) or an option turns it off: a
+  method other than the EAGLE kinds, ``disable_padded_drafter_batch``, an executor without it (Ray's
+  old one, ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``), pipeline parallelism on V1. Under it the
+  scheduler gives each request placeholder drafts and ``Scheduler.update_draft_token_ids`` is
+  never called.
 
-This project's features act at different places (``vllm_patches/``), so each declares what it
-needs. One the user turned on where the engine cannot run it is refused with one line (preflight
-before start, ``open_engine`` from the config vLLM built), never left to do nothing.
+``predict`` mirrors that for preflight and ``dynamo-spec config``, before any engine is built;
+``open_engine`` reads vLLM's own answer (``from_vllm_config``). Which feature runs on which path:
+``dynamo_spec/engine/features.py``. Unit tests build vLLM's config for each rule this machine
+can show, and pin the source of the rest.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dynamo_spec.config.settings import Settings
 
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+RAY_V2_ENV = "VLLM_USE_RAY_V2_EXECUTOR_BACKEND"
 # vLLM's async-capable speculative methods (config/vllm.py: EAGLE kinds, n-gram on GPU, draft model).
 ASYNC_METHODS = ("eagle", "eagle3", "mtp", "ngram_gpu", "draft_model", "dspark", "dflash")
+V1_ONLY_METHODS = ("suffix", "medusa", "mlp_speculator", "custom_class")  # not in Model Runner V2
+SELF_PARALLEL_METHODS = ("dflash", "dspark")  # draft in parallel on V2's own speculators
 
 TO_V1_RUNNER = f"{RUNNER_ENV}=0 in the server's environment (the V1 model runner)"
 TO_SYNC = "engine.extra.async_scheduling: false"
+
+
+class PredictionError(ValueError):
+    """vLLM would refuse these settings or this environment before it picks a path (one line)."""
 
 
 @dataclass(frozen=True)
@@ -46,115 +57,116 @@ class EnginePath:
         return f"{runner} with {scheduling} scheduling ({self.source})"
 
 
-@dataclass(frozen=True)
-class Feature:
-    """A steering feature: the setting that turns it on, and what it needs from the engine."""
-
-    name: str
-    setting: str
-    enabled: Callable[[Settings], bool]
-    needs_v1_runner: bool
-    needs_sync: bool
-    where: str  # where it acts, for the README's table and the refusal line
-
-
-def _spec(settings: Settings) -> Any:
-    return settings.speculative
+def env_flag(environ: Mapping[str, str], name: str, default: str | None = None) -> bool | None:
+    """A vLLM switch read as vLLM reads it (envs.py: ``bool(int(value))``): None when unset without a
+    default; a value ``int()`` rejects (``true``, empty) fails vLLM's start, so it is an error here."""
+    value = environ.get(name, default)
+    if value is None:
+        return None
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise PredictionError(f"{name}={value!r}: vLLM reads it with int() and would fail to start; "
+                              "set 0 or 1, or unset it") from None
 
 
-FEATURES: tuple[Feature, ...] = (
-    Feature("batch-size schedule", "speculative.num_speculative_tokens_per_batch_size",
-            lambda s: _spec(s).enabled and _spec(s).num_speculative_tokens_per_batch_size is not None,
-            False, False, "vLLM's own (both runners)"),
-    Feature("per-request and tenant draft caps", "speculative.tenants",
-            lambda s: _spec(s).enabled and bool(_spec(s).tenants),
-            False, False, "the scheduler: drafts cut (sync) or placeholders cut (async)"),
-    Feature("speculation guard", "speculative.guard",
-            lambda s: _spec(s).enabled and _spec(s).guard.enabled,
-            False, False, "the scheduler: an engine-wide cap, fed by the verified counts"),
-    Feature("confidence draft budget", "speculative.draft_budget",
-            lambda s: _spec(s).enabled and _spec(s).draft_budget.enabled,
-            True, True, "the V1 EAGLE proposer's confidences, cut in Scheduler.update_draft_token_ids, "
-                        "which asynchronous scheduling never calls"),
-)
-# On by default, lossless, speed only: where one cannot run, vLLM's own way runs (logged at start).
-AUTOMATIC: tuple[Feature, ...] = (
-    Feature("cheap k=0 steps", "(always on)", lambda s: _spec(s).enabled, True, False,
-            "the V1 runner's sampler and draft pass; the scheduler part runs on both"),
-    Feature("draft-side penalties", "speculative.draft_penalties",
-            lambda s: _spec(s).enabled and _spec(s).draft_penalties, True, False,
-            "the V1 EAGLE proposer's greedy sample"),
-)
+def triton_usable(backends: Mapping[str, Any] | None, *, cpu_build: bool, environ: Mapping[str, str]) -> bool:
+    """vLLM's ``HAS_TRITON`` (triton_utils/importing.py) from Triton's backends (None: no triton):
+    exactly one active driver other than Triton's CPU one, or any number where Ray blanked
+    CUDA_VISIBLE_DEVICES; vLLM's CPU build needs Triton's CPU backend instead."""
+    if backends is None:
+        return False
+    if cpu_build:
+        return "cpu" in backends
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return True
+    return sum(1 for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()) == 1
 
 
-def missing(feature: Feature, path: EnginePath) -> list[str]:
-    """What ``feature`` needs that ``path`` lacks, with the setting that would give it."""
+def has_triton(on_cpu: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether vLLM will find Triton usable here, without importing vLLM (seconds); a GPU host's
+    Triton drivers import torch to tell whether they are active."""
+    import importlib.util
+
+    backends = None
+    if importlib.util.find_spec("triton") is not None:
+        try:
+            from triton.backends import backends
+        except Exception:  # noqa: BLE001 - vLLM turns Triton off on any error here too
+            return False
+    return triton_usable(backends, cpu_build=on_cpu, environ=os.environ if environ is None else environ)
+
+
+def v2_unsupported(settings: Settings, forced: bool | None) -> list[str]:
+    """What the settings turn on that Model Runner V2 lacks (vLLM's
+    ``_get_v2_model_runner_unsupported_features``, for what the settings can set)."""
+    spec, engine = settings.speculative, settings.engine
     lacks = []
-    if feature.needs_v1_runner and path.v2_runner:
-        lacks.append(f"the V1 model runner ({TO_V1_RUNNER})")
-    if feature.needs_sync and path.async_scheduling:
-        lacks.append(f"synchronous scheduling ({TO_SYNC})")
+    if spec.enabled and spec.method in V1_ONLY_METHODS:
+        lacks.append(f"speculative.method '{spec.method}'")
+    if spec.enabled and spec.extra.get("parallel_drafting") and spec.method not in SELF_PARALLEL_METHODS:
+        lacks.append("parallel drafting (speculative.extra.parallel_drafting)")
+    if spec.enabled and spec.extra.get("use_heterogeneous_vocab"):
+        lacks.append("a draft with another vocabulary (speculative.extra.use_heterogeneous_vocab)")
+    ubatching = engine.extra.get("enable_dbo") or (engine.extra.get("ubatch_size") or 1) > 1
+    if ubatching and (forced is None or spec.enabled or engine.pipeline_parallel_size > 1):
+        lacks.append("dual batch overlap (engine.extra.enable_dbo / ubatch_size)")
     return lacks
 
 
-def refusals(settings: Settings, path: EnginePath) -> list[str]:
-    """One line for each feature turned on that ``path`` cannot run."""
-    lines = []
-    for feature in FEATURES:
-        lacks = missing(feature, path) if feature.enabled(settings) else []
-        if lacks:
-            lines.append(f"{feature.setting}: the {feature.name} acts in {feature.where}; it needs "
-                         f"{' and '.join(lacks)}, and this engine runs {path}: set that, or turn the feature off")
-    return lines
+def _v2_runner(settings: Settings, triton: bool, environ: Mapping[str, str]) -> bool:
+    forced = env_flag(environ, RUNNER_ENV)
+    extra = settings.engine.extra
+    if (extra.get("attention_config") or {}).get("hisparse_config") is not None:
+        if forced is False:
+            raise PredictionError(f"engine.extra.attention_config.hisparse_config needs Model Runner V2: "
+                                  f"unset {RUNNER_ENV}=0")
+        return True
+    if extra.get("watermark_config") is not None:
+        return True  # watermarking overrides the variable
+    lacks = v2_unsupported(settings, forced)
+    if forced is None:
+        return triton and not lacks
+    if forced and (lacks or not triton):  # vLLM's _validate_v2_model_runner
+        why = ", ".join(lacks) if lacks else "Triton, which vLLM does not find usable here"
+        raise PredictionError(f"{RUNNER_ENV}=1: Model Runner V2 does not support {why}; unset it")
+    return forced
 
 
-def inactive(settings: Settings, path: EnginePath) -> list[str]:
-    """Automatic optimisations that ``path`` leaves to vLLM (a log line each at start)."""
-    return [f"{feature.name}: inactive on {path} (needs {' and '.join(lacks)}); vLLM's own way runs"
-            for feature in AUTOMATIC if feature.enabled(settings) and (lacks := missing(feature, path))]
-
-
-def _env_flag(environ: dict[str, str], name: str) -> bool | None:
-    value = environ.get(name)
-    if value is None or value == "":
-        return None
-    return value.strip().lower() in ("1", "true", "yes")
-
-
-def has_triton() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
-
-
-def predict(settings: Settings, *, on_cpu: bool, triton: bool, environ: dict[str, str] | None = None) -> EnginePath:
-    """The path vLLM 0.32 will choose for ``settings`` on a host (``VllmConfig.use_v2_model_runner`` and
-    its async-scheduling defaults, for the options this project sets): for preflight and
-    ``dynamo-spec config``, before any engine is built. ``open_engine`` checks vLLM's own answer."""
-    environ = os.environ if environ is None else environ
-    forced = _env_flag(environ, RUNNER_ENV)
-    v2 = forced if forced is not None else (triton and not on_cpu)
-    explicit = settings.engine.extra.get("async_scheduling")
+def _sync_reasons(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """The options that rule asynchronous scheduling out whatever the runner (config/vllm.py)."""
     spec = settings.speculative
+    reasons = []
+    if spec.enabled and spec.method not in ASYNC_METHODS:
+        reasons.append(f"speculative.method '{spec.method}'")
+    if spec.enabled and spec.extra.get("disable_padded_drafter_batch"):
+        reasons.append("speculative.extra.disable_padded_drafter_batch")
+    # v1/executor/abstract.py: ray -> RayExecutorV2 (a MultiprocExecutor: async) unless the variable is 0
+    if settings.engine.distributed_executor_backend == "ray" and not env_flag(environ, RAY_V2_ENV, "1"):
+        reasons.append(f"Ray's V1 executor ({RAY_V2_ENV}=0)")
+    return reasons
+
+
+def predict(settings: Settings, *, on_cpu: bool, triton: bool, environ: Mapping[str, str] | None = None) -> EnginePath:
+    """The path vLLM 0.32 will choose for ``settings`` on a host. PredictionError where vLLM would
+    refuse to start instead (a switch it cannot parse, an option that contradicts another)."""
+    environ = os.environ if environ is None else environ
+    v2 = _v2_runner(settings, triton, environ)
+    explicit = settings.engine.extra.get("async_scheduling")
+    reasons = _sync_reasons(settings, environ)
+    pp_on_v1 = settings.engine.pipeline_parallel_size > 1 and not v2
+    # vLLM fails these before the CPU platform has its say; the V1 runner's check comes after it
+    if explicit and (wrong := reasons + (["pipeline parallelism on the V1 runner"] if pp_on_v1 and not on_cpu else [])):
+        raise PredictionError(f"engine.extra.async_scheduling: true does not go with {', '.join(wrong)} "
+                              "(vLLM refuses to start); drop one of them")
     if on_cpu:
         use_async = False  # platforms/cpu.py turns it off whatever was asked
     elif explicit is not None:
         use_async = bool(explicit)
-    elif spec.enabled and spec.method not in ASYNC_METHODS:
-        use_async = False
-    elif settings.engine.distributed_executor_backend == "ray":
-        use_async = False  # vLLM's ray executor does not support it (warns and turns it off)
-    elif settings.engine.pipeline_parallel_size > 1 and not v2:
-        use_async = False
     else:
-        use_async = True
+        use_async = not reasons and not pp_on_v1
     return EnginePath(v2, use_async, "predicted for this host")
-
-
-def predict_here(settings: Settings) -> EnginePath:
-    from dynamo_spec.engine.host import on_cpu
-
-    return predict(settings, on_cpu=on_cpu(), triton=has_triton())
 
 
 def from_vllm_config(vllm_config: Any) -> EnginePath:

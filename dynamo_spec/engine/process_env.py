@@ -68,16 +68,23 @@ def checkout_runtime_dirs(environ: MutableMapping[str, str]) -> Path | None:
 
 @contextlib.contextmanager
 def temporary_vllm_dirs(*, offline: bool = True) -> Iterator[dict[str, str]]:
-    """`vllm_dirs` in a temp folder for the block; ``os.environ`` as it was is restored after
-    (with whatever the block added, such as `prepare_engine_processes`' choices)."""
+    """`vllm_dirs` in a temp folder for the block, for the variables not set already; ``os.environ``
+    as it was is restored after (with whatever the block added, such as `prepare_engine_processes`'
+    choices).
+
+    A ``VLLM_CACHE_ROOT`` already set (the launch script's, the tests', or the checkout's runtime
+    folder: ``checkout_runtime_dirs``) is kept: vLLM caches there what it learns of a model class by
+    importing it in a subprocess (``modelinfos``, keyed by the class's source), about 5-10 s per
+    architecture at every start that misses it, two per speculative engine."""
     import tempfile
 
     saved = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="dynamo-spec-vllm-") as tmp:
-        env = vllm_dirs(Path(tmp), offline=offline)
+        env = {var: value for var, value in vllm_dirs(Path(tmp), offline=offline).items()
+               if var not in DIRS or not os.environ.get(var)}
         os.environ.update(env)
         try:
-            yield env
+            yield {**env, **{var: os.environ[var] for var in DIRS}}
         finally:
             os.environ.clear()
             os.environ.update(saved)

@@ -33,14 +33,13 @@ def requested_cap(body: Any) -> int | None:
 
 
 def unavailable(on_cpu: bool) -> str | None:
-    """Why the engine cannot honour caps here (its draft admission patch stays off on this vLLM),
-    or None: a request that sets one is then refused rather than silently drafting the step's k."""
+    """Why the engine cannot honour caps here (a patch the caps' feature declares stays off on this
+    vLLM), or None: a request that sets one is then refused rather than silently drafting the step's k."""
+    from dynamo_spec.engine import features
     from dynamo_spec.vllm_patches import unapplied
-    from dynamo_spec.vllm_patches._upstream import vllm_version
 
-    if any(p.module == "draft_admission" for p in unapplied(on_cpu)):
-        return f"vLLM {vllm_version()} is not a version dynamo-spec's draft admission was checked on"
-    return None
+    patch = features.unpatched(features.DRAFT_CAPS, unapplied(on_cpu))
+    return features.why_off(patch) if patch else None
 
 
 class TenantDraftCaps:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import statistics
 import tempfile
 import time
@@ -142,7 +141,7 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
         with _confidence_log(calibration) as log, \
                 offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
                             per_request_spec_decode_metrics="summary", draft_penalties=penalized,
-                            generation_config=generation_config) as llm:
+                            confidence_log=log, generation_config=generation_config) as llm:
             result["model_defaults"] = llm.model_config.get_diff_sampling_param()
             for temperature in temperatures:
                 t0 = time.monotonic()
@@ -170,20 +169,13 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
 
 @contextlib.contextmanager
 def _confidence_log(enabled: bool):
-    """A fresh confidence log for the engine started inside (its processes inherit the
-    variables), or None; the variables are restored after."""
+    """A fresh confidence log for the engine started inside (``offline_llm(confidence_log=...)``),
+    or None."""
     if not enabled:
         yield None
         return
-    from ..vllm_patches.draft_admission import CONFIDENCE_LOG_ENV
-    from ..vllm_patches.draft_confidence import CONFIDENCE_ENV
-    from .offline_llm import environ_restored
-
     with tempfile.TemporaryDirectory(prefix="dynamo-spec-calibration-") as tmp:
-        log = Path(tmp) / "confidence.jsonl"
-        with environ_restored(CONFIDENCE_ENV, CONFIDENCE_LOG_ENV):
-            os.environ.update({CONFIDENCE_ENV: "1", CONFIDENCE_LOG_ENV: str(log)})
-            yield log
+        yield Path(tmp) / "confidence.jsonl"
 
 
 def _label(temperature) -> str:

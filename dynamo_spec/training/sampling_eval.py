@@ -65,26 +65,54 @@ def evaluate_sampling(target: Path, draft: Path, *, k: int = 3, settings: dict[s
     with offline_llm(target, draft=draft, k=k, max_num_seqs=64, per_request_spec_decode_metrics="summary",
                      draft_penalties=draft_penalties) as llm:
         for name, penalty in settings.items():
-            fields = {**NEUTRAL, **penalty}
+            fields = penalty_fields(penalty)
             greedy = [request_params(llm, temperature=0.0, max_tokens=max_tokens, **fields)] * len(checked_ids)
             outs = llm.generate(checked_ids, greedy, use_tqdm=False)
-            answers = [o.outputs[0].text for o in outs]
-            failed = [r["id"] for r, a in zip(checked, answers) if not passes(a, r["check"])]
             sampled = [request_params(llm, max_tokens=max_tokens, seed=s, **fields)
                        for s in range(seeds) for _ in OPEN_ENDED]
             open_outs = llm.generate(open_ids * seeds, sampled, use_tqdm=False)
-            # word 4-grams (the README's measure), by a stable id per word
-            vocab: dict[str, int] = {}
-            open_words = [[vocab.setdefault(w, len(vocab)) for w in words(o.outputs[0].text)] for o in open_outs]
-            deg = degeneration(open_words)
-            rows.append({
-                "setting": name, "fields": penalty, "passed": len(checked) - len(failed), "checked": len(checked),
-                "failed": failed, "checked_acceptance": acceptance(outs, k)["mean_acceptance_length"],
-                "open_repeated_4grams": deg["repeated_ngram_share"], "open_looping": deg["looping"],
-                "open_answers": deg["answers"], "open_acceptance": acceptance(open_outs, k)["mean_acceptance_length"],
-                "poem": open_outs[0].outputs[0].text,
-            })
+            rows.append(setting_row(name, penalty, checked, [o.outputs[0].text for o in outs],
+                                    [o.outputs[0].text for o in open_outs],
+                                    checked_acceptance=acceptance(outs, k)["mean_acceptance_length"],
+                                    open_acceptance=acceptance(open_outs, k)["mean_acceptance_length"]))
     return rows
+
+
+def penalty_fields(penalty: dict) -> dict:
+    """The penalty fields of a setting's requests: its own, and neutral ones for the rest (not the model's
+    defaults), so that settings differ by their own fields only."""
+    return {**NEUTRAL, **penalty}
+
+
+def setting_row(name: str, penalty: dict, checked: list[dict], answers: list[str], open_answers: list[str], *,
+                checked_acceptance: float, open_acceptance: float) -> dict:
+    """A setting's row: the checked answers that pass (and the ids of those that fail), and the loops and
+    repeated word 4-grams of the open-ended answers (the first is the poem)."""
+    failed = [r["id"] for r, a in zip(checked, answers, strict=True) if not passes(a, r["check"])]
+    # word 4-grams (the README's measure), by a stable id per word
+    vocab: dict[str, int] = {}
+    deg = degeneration([[vocab.setdefault(w, len(vocab)) for w in words(a)] for a in open_answers])
+    return {
+        "setting": name, "fields": penalty, "passed": len(checked) - len(failed), "checked": len(checked),
+        "failed": failed, "checked_acceptance": checked_acceptance,
+        "open_repeated_4grams": deg["repeated_ngram_share"], "open_looping": deg["looping"],
+        "open_answers": deg["answers"], "open_acceptance": open_acceptance, "poem": open_answers[0],
+    }
+
+
+def parse_settings(text: str) -> dict[str, dict]:
+    """``--settings``: a JSON object of named settings, each of penalty fields with numbers (checked here,
+    before an engine starts)."""
+    settings = json.loads(text)
+    if not isinstance(settings, dict) or not all(isinstance(v, dict) for v in settings.values()):
+        raise argparse.ArgumentTypeError('expected {"name": {"presence_penalty": 0.5}, ...}')
+    for name, penalty in settings.items():
+        for field, value in penalty.items():
+            if field not in NEUTRAL:
+                raise argparse.ArgumentTypeError(f"setting {name!r}: {field!r} is not one of {', '.join(NEUTRAL)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise argparse.ArgumentTypeError(f"setting {name!r}: {field} must be a number, not {value!r}")
+    return settings
 
 
 def format_table(rows: list[dict]) -> str:
@@ -106,7 +134,7 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=4, help="seeds of each open-ended request (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--draft-penalties", choices=("on", "off"), default="on")
-    p.add_argument("--settings", type=json.loads, default=None,
+    p.add_argument("--settings", type=parse_settings, default=None,
                    help='penalty settings to compare, as JSON: {"name": {"presence_penalty": 0.5}, ...} '
                    "(default: none, repetition 1.05 and 1.1, frequency 0.2 and 0.5, presence 0.3)")
     p.add_argument("--json", type=Path, help="also write the rows here")

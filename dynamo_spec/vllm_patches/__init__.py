@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # Under the "vllm" logger so the lines show up with vLLM's own engine logs.
 logger = logging.getLogger("vllm.dynamo_spec_plugin")
 
-# "0" leaves vLLM's k=0 steps as they are (zero_draft_steps); for A/B runs.
-ZERO_DRAFT_STEPS_ENV = "DYNAMO_SPEC_ZERO_DRAFT_STEPS"
+# The key of vLLM's ``additional_config`` that holds this project's switches of one engine (built by
+# ``engine.args.engine_switches``; vLLM hands the config to every process of that engine).
+CONFIG_KEY = "dynamo_spec"
+_SWITCHES_ATTR = "_dynamo_spec_switches"  # on a scheduler, model runner or proposer: switches_of its config
 
 
 @dataclass(frozen=True)
@@ -30,16 +32,15 @@ class Patch:
     """One patch module: where it applies, what it is for, and what goes wrong without it.
 
     kind: ``correctness`` (without it the engine gives wrong output or crashes: the server does
-    not start where it cannot apply, unless ``engine.allow_unpatched_vllm``), ``feature`` (backs the
-    settings in ``features``: those are refused where it cannot apply), ``speed``."""
+    not start where it cannot apply, unless ``engine.allow_unpatched_vllm``), ``feature`` (backs
+    the features that name it in ``dynamo_spec/engine/features.py``: those are refused where it
+    cannot apply), ``speed``."""
 
     module: str
     kind: Literal["correctness", "feature", "speed"]
     without: str
     cpu_only: bool = False
     entry: str = "apply"
-    features: tuple[str, ...] = ()
-    off_env: str | None = None
 
 
 PATCHES = (
@@ -48,12 +49,9 @@ PATCHES = (
     Patch("compile_cache", "speed", "every start compiles again", cpu_only=True),
     Patch("seeded_sampling", "correctness", "a request with a seed whose prompt is prefilled in chunks stops "
           "the CPU engine", cpu_only=True),
-    Patch("draft_admission", "feature", "every request drafts the step's k",
-          features=("speculative.tenants", "speculative.guard", "speculative.draft_budget")),
-    Patch("draft_confidence", "feature", "drafts are not trimmed by their confidence",
-          features=("speculative.draft_budget",)),
-    Patch("zero_draft_steps", "speed", "k=0 steps of a speculative engine keep vLLM's own cost",
-          off_env=ZERO_DRAFT_STEPS_ENV),
+    Patch("draft_admission", "feature", "every request drafts the step's k"),
+    Patch("draft_confidence", "feature", "drafts are not trimmed by their confidence"),
+    Patch("zero_draft_steps", "speed", "k=0 steps of a speculative engine keep vLLM's own cost"),
     # after draft_confidence: its greedy sample wraps that one's (and keeps the confidences itself)
     Patch("draft_penalties", "speed", "requests with penalties get drafts drafted without them (lower acceptance)"),
 )
@@ -78,13 +76,32 @@ def register() -> None:
         logger.exception("dynamo-spec: could not tell vLLM's platform; the CPU patches stay off")
         cpu = False
     for patch in PATCHES:
-        if (patch.cpu_only and not cpu) or (patch.off_env and os.environ.get(patch.off_env, "1") == "0"):
+        if patch.cpu_only and not cpu:
             continue
         try:
             if done := getattr(module(patch), patch.entry)():
                 logger.debug("dynamo-spec: %s: patched %s", patch.module, done)
         except Exception:
             logger.exception("dynamo-spec: could not install %s; %s", patch.module, patch.without)
+
+
+def switches_of(vllm_config: Any) -> Mapping[str, Any]:
+    """One engine's switches: its config's ``additional_config[CONFIG_KEY]``, or {} for an engine
+    built without this project's settings (each patch then keeps its own default: the speed
+    patches on, the features off). Patches install process-wide and ask this per engine, once
+    per scheduler, runner or proposer (cached on the object)."""
+    extra = getattr(vllm_config, "additional_config", None)
+    switches = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
+    return switches if isinstance(switches, dict) else {}
+
+
+def switch(owner: Any, key: str, default: bool) -> bool:
+    """The switch ``key`` of ``owner``'s engine (a scheduler, model runner or proposer: it holds its
+    engine's ``vllm_config``), read once and kept on it, so that asking each step costs a lookup."""
+    switches = owner.__dict__.get(_SWITCHES_ATTR)
+    if switches is None:
+        switches = owner.__dict__[_SWITCHES_ATTR] = switches_of(getattr(owner, "vllm_config", None))
+    return bool(switches.get(key, default))
 
 
 def checked_on(patch: Patch) -> tuple[str, ...]:

@@ -20,13 +20,15 @@ vLLM drafts them). A cap source is a function ``(request, step) -> int | None``
 (:data:`CapSource`, ``None``: no cap); the sources are built once per scheduler by
 :func:`build_cap_sources`. The one source so far is the request's own
 ``SamplingParams.extra_args["max_draft_tokens"]`` (vLLM's OpenAI layer copies a
-request's ``vllm_xargs`` there; the server merges the tenant's default in), then, when
-the server configured one (``speculation_guard.GUARD_ENV``), the speculation guard's
-engine-wide cap (0 while acceptance has collapsed). Last, where the server configured
-one (``draft_budget.BUDGET_ENV``) and the drafts came with confidences
+request's ``vllm_xargs`` there; the server merges the tenant's default in), then, where
+the engine's switches configure one (``speculation_guard.GUARD_KEY``), the speculation
+guard's engine-wide cap (0 while acceptance has collapsed). Last, where they configure
+one (``draft_budget.BUDGET_KEY``) and the drafts came with confidences
 (``draft_confidence``), the confidence draft budget (:mod:`.draft_budget`) ranks the
 draft tokens the other caps leave across the whole step and cuts each request's drafts
-to those worth verifying; it learns from every verified draft (4.).
+to those worth verifying; it learns from every verified draft (4.). The switches are
+those of the scheduler's own engine (``vllm_patches.switches_of(scheduler.vllm_config)``),
+read once per scheduler: two engines in one process each keep theirs.
 
 1. ``Scheduler._update_after_schedule`` (inside ``schedule``, before the async
    scheduler sets its placeholders): the step's k is lowered to the largest cap among
@@ -43,9 +45,9 @@ to those worth verifying; it learns from every verified draft (4.).
    verified in a step, with the drafted and accepted counts): the counts also go to the
    guard and the draft's confidences with its verdict to the confidence budget, whatever
    ``log_stats`` says; where the drafts came with confidences
-   (``draft_confidence``) and ``DYNAMO_SPEC_CONFIDENCE_LOG`` names a file
-   (:data:`CONFIDENCE_LOG_ENV`), one JSON line per verified draft: the confidences of the
-   tokens verified and how many were accepted (``eval-draft --calibration`` reads them).
+   (``draft_confidence``) and the engine's switches name a file (:data:`CONFIDENCE_LOG_KEY`),
+   one JSON line per verified draft: the confidences of the tokens verified and how many
+   were accepted (``eval-draft --calibration`` reads them).
 5. ``EngineCore.dynamo_spec_guard(state="")``: a utility method (the API process calls
    it with ``call_utility_async``): the guard's state and figures, after forcing
    ``state`` if one is given; None without a guard. ``EngineCore.dynamo_spec_draft_budget()``:
@@ -73,11 +75,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dynamo_spec.vllm_patches import switches_of
 from dynamo_spec.vllm_patches._upstream import checked, wrap_method
 from dynamo_spec.vllm_patches.draft_budget import BudgetConfig, DraftBudget
 from dynamo_spec.vllm_patches.draft_confidence import confidences_of
@@ -105,8 +107,9 @@ _GUARD_ATTR = "_dynamo_spec_guard"
 _BUDGET_ATTR = "_dynamo_spec_draft_budget"
 _CONFIDENCE_ATTR = "_dynamo_spec_draft_confidence"  # on a Request: its stored drafts' confidences
 _LOG_ATTR = "_dynamo_spec_confidence_log"
-# A file: each verified draft with confidences is appended as {"confidence": [...], "accepted": n}.
-CONFIDENCE_LOG_ENV = "DYNAMO_SPEC_CONFIDENCE_LOG"
+# In the engine's switches, a file: each verified draft with confidences is appended to it as
+# {"confidence": [...], "accepted": n}.
+CONFIDENCE_LOG_KEY = "confidence_log"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +138,17 @@ def request_cap(request: Any, step: StepContext) -> int | None:
 
 
 def build_cap_sources(scheduler: Any) -> tuple[CapSource, ...]:
-    """The cap sources of this scheduler's engine. Engine-wide caps that keep state (the
-    guard's trailing window, a confidence budget) are built here, one set per scheduler."""
+    """The cap sources of this scheduler's engine, from its switches. Engine-wide caps that keep
+    state (the guard's trailing window, a confidence budget) are built here, one set per scheduler."""
     from dynamo_spec.vllm_patches.speculation_guard import GuardConfig, SpeculationGuard
 
+    switches = switches_of(getattr(scheduler, "vllm_config", None))
     sources: list[CapSource] = [request_cap]
-    config = GuardConfig.from_env()
+    config = GuardConfig.from_switches(switches)
     if config is not None and getattr(scheduler, "num_spec_tokens", 0):
         guard = scheduler.__dict__[_GUARD_ATTR] = SpeculationGuard(config)
         sources.append(guard.cap)
-    budget = BudgetConfig.from_env(os.environ)
+    budget = BudgetConfig.from_switches(switches)
     if budget is not None and getattr(scheduler, "num_spec_tokens", 0):
         scheduler.__dict__[_BUDGET_ATTR] = DraftBudget(budget)
     return tuple(sources)
@@ -192,9 +196,9 @@ def budget_of(scheduler: Any) -> DraftBudget | None:
 
 
 def _confidence_log(scheduler: Any):
-    """The scheduler's open confidence log (line-buffered), or None where none is asked for."""
+    """The scheduler's open confidence log (line-buffered), or None where its engine asks for none."""
     if _LOG_ATTR not in scheduler.__dict__:
-        path = os.environ.get(CONFIDENCE_LOG_ENV)
+        path = switches_of(getattr(scheduler, "vllm_config", None)).get(CONFIDENCE_LOG_KEY)
         scheduler.__dict__[_LOG_ATTR] = open(path, "a", buffering=1) if path else None  # noqa: SIM115
     return scheduler.__dict__[_LOG_ATTR]
 

@@ -36,12 +36,12 @@ verified draft.
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-# The budget's settings, as JSON, for the engine's processes (set by the server; unset: no budget).
-BUDGET_ENV = "DYNAMO_SPEC_DRAFT_BUDGET"
+# The budget's settings in the engine's switches (``vllm_patches.switches_of``; None or absent: no budget).
+BUDGET_KEY = "draft_budget"
 
 
 @dataclass(frozen=True)
@@ -58,17 +58,19 @@ class BudgetConfig:
     prior_weight: float = 2.0
     max_count: float = 2000.0
 
-    def to_env(self) -> str:
-        return json.dumps(asdict(self))
+    def to_switch(self) -> dict:
+        """The value of :data:`BUDGET_KEY` in the engine's switches (plain JSON data: lists, not tuples,
+        so that vLLM's config hash, a JSON dump, and a copy through any process see the same)."""
+        values = asdict(self)
+        values["draft_token_cost"] = [list(p) for p in self.draft_token_cost]
+        return values
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> BudgetConfig | None:
-        text = environ.get(BUDGET_ENV)
-        if not text:
+    def from_switches(cls, switches: Mapping[str, Any]) -> BudgetConfig | None:
+        values = switches.get(BUDGET_KEY)
+        if not values:
             return None
-        values = json.loads(text)
-        values["draft_token_cost"] = tuple(tuple(p) for p in values["draft_token_cost"])
-        return cls(**values)
+        return cls(**{**values, "draft_token_cost": tuple(tuple(p) for p in values["draft_token_cost"])})
 
 
 def cost_at(points: Sequence[tuple[int, float]], requests: int) -> float:

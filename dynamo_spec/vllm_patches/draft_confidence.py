@@ -8,8 +8,9 @@ Upstream (vLLM's v1 EAGLE proposer and model runner):
 - ``GPUModelRunner.take_draft_token_ids`` (the CPU runner inherits it) hands the scheduler
   a ``DraftTokenIds``: the request ids and their draft token ids, nothing else.
 
-Change, only in an engine whose environment sets ``DYNAMO_SPEC_DRAFT_CONFIDENCE=1``
-(:data:`CONFIDENCE_ENV`; without it nothing here is installed and drafting costs what it did):
+Change, only in an engine whose switches turn it on (:data:`CONFIDENCE_KEY`, set with the
+confidence budget or a confidence log; read once per proposer from its own ``vllm_config``:
+elsewhere every call goes straight to vLLM's and drafting costs what it did):
 
 1. ``SpecDecodeBaseProposer._greedy_sample``: the same argmax of the same logits, and the
    softmax probability of the chosen token (float32), kept for the current ``propose`` call.
@@ -33,9 +34,9 @@ them for DSpark drafts only).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
+from dynamo_spec.vllm_patches import switch
 from dynamo_spec.vllm_patches._upstream import checked, wrap_method
 
 CHECKED_ON = ("0.32.0",)
@@ -47,8 +48,8 @@ UPSTREAM_SIGNATURES = {
         "num_rejected_tokens_gpu=None, slot_mappings=None)",
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids": "(self)",
 }
-# "1" in the engine's environment: drafts carry their confidences to the scheduler.
-CONFIDENCE_ENV = "DYNAMO_SPEC_DRAFT_CONFIDENCE"
+# True in the engine's switches: drafts carry their confidences to the scheduler.
+CONFIDENCE_KEY = "draft_confidence"
 # The attribute of DraftTokenIds that carries them.
 CONFIDENCE_ATTR = "confidence"
 
@@ -57,8 +58,9 @@ _KEPT_ATTR = "_dynamo_spec_kept_confidence"  # the current propose call's [num_r
 _LAST_ATTR = "_dynamo_spec_last_confidence"  # the last propose call's [num_requests, k] tensor
 
 
-def enabled(environ=os.environ) -> bool:
-    return environ.get(CONFIDENCE_ENV, "") == "1"
+def enabled(owner: Any) -> bool:
+    """Whether the drafts of ``owner``'s engine carry their confidences (off where its switches do not say)."""
+    return switch(owner, CONFIDENCE_KEY, default=False)
 
 
 def confidences_of(draft_token_ids: Any) -> list[list[float]] | None:
@@ -91,6 +93,8 @@ def _greedy_sample_keeping_confidence(original):
 def _propose_stacking_confidence(original):
     @functools.wraps(original)
     def propose(self, *args, **kwargs):
+        if not enabled(self):
+            return original(self, *args, **kwargs)
         kept = self.__dict__[_KEPT_ATTR] = []
         self.__dict__[_LAST_ATTR] = None
         try:
@@ -129,8 +133,9 @@ def _patch(owner: type, name: str, wrapper) -> bool:
 
 
 def apply() -> list[str]:
-    """Install in this process when :data:`CONFIDENCE_ENV` asks for it (idempotent); return what was patched."""
-    if not enabled() or not checked(__name__, CHECKED_ON):
+    """Install in this process (idempotent); return what was patched. Whether a proposer keeps the
+    confidences is its engine's switch (:data:`CONFIDENCE_KEY`)."""
+    if not checked(__name__, CHECKED_ON):
         return []
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner

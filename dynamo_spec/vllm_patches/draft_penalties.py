@@ -7,8 +7,8 @@ drafts before each position). A request with a penalty therefore gets drafts the
 not choose, and acceptance falls (a list or a count, where the penalty changes the target's
 choice, the most).
 
-Change, in an engine whose environment does not set ``DYNAMO_SPEC_DRAFT_PENALTIES=0``
-(:data:`PENALTIES_ENV`; ``speculative.draft_penalties``):
+Change, in an engine whose switches do not turn it off (:data:`PENALTIES_KEY`,
+``speculative.draft_penalties``; read once per model runner from its own ``vllm_config``):
 
 1. ``GPUModelRunner.propose_draft_token_ids`` (the CPU runner inherits it): where the step's
    sampling metadata carries penalties, the outputs the target will count at the next verify
@@ -32,10 +32,10 @@ logits processors to the draft (upstream: penalties are target-only in both runn
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamo_spec.vllm_patches import switch
 from dynamo_spec.vllm_patches._upstream import checked, wrap_method
 
 CHECKED_ON = ("0.32.0",)
@@ -48,16 +48,18 @@ UPSTREAM_SIGNATURES = {
         "(logits, prompt_token_ids, presence_penalties, frequency_penalties, repetition_penalties, "
         "output_token_ids)",
 }
-# "0" in the engine's environment: the draft drafts without the penalties (vLLM's own).
-PENALTIES_ENV = "DYNAMO_SPEC_DRAFT_PENALTIES"
+# False in the engine's switches: the draft drafts without the penalties (vLLM's own).
+PENALTIES_KEY = "draft_penalties"
 PLACEHOLDER = -1  # vLLM's rejected-draft slot in a sampled row (rejection_sampler.PLACEHOLDER_TOKEN_ID)
 
 _PATCHED_ATTR = "_dynamo_spec_draft_penalties"
 _CONTEXT_ATTR = "_dynamo_spec_penalty_context"  # the current propose call's PenaltyContext
 
 
-def enabled(environ=os.environ) -> bool:
-    return environ.get(PENALTIES_ENV, "1") != "0"
+def enabled(owner: Any) -> bool:
+    """Whether ``owner``'s engine drafts under the request's penalties (on where its switches do not say;
+    ``engine.args.engine_switches`` always says, from ``speculative.draft_penalties``)."""
+    return switch(owner, PENALTIES_KEY, default=True)
 
 
 @dataclass
@@ -100,7 +102,7 @@ def _propose_draft_token_ids_keeping_outputs(original):
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata, *args):
         drafter = getattr(self, "drafter", None)
         if (drafter is None or sampling_metadata.no_penalties or sampling_metadata.prompt_token_ids is None
-                or not scheduler_output.num_spec_tokens_to_schedule or not enabled()):
+                or not scheduler_output.num_spec_tokens_to_schedule or not enabled(self)):
             return original(self, scheduler_output, sampled_token_ids, sampling_metadata, *args)
         drafter.__dict__[_CONTEXT_ATTR] = PenaltyContext(
             sampling_metadata, accepted_outputs(sampling_metadata, sampled_token_ids),
@@ -144,8 +146,8 @@ def _keep_confidence(drafter, logits, ids) -> None:
 
 
 def apply() -> list[str]:
-    """Install in this process (idempotent); return what was patched. Whether a call drafts under
-    the penalties is read at each call (:data:`PENALTIES_ENV`)."""
+    """Install in this process (idempotent); return what was patched. Whether a runner drafts under
+    the penalties is its engine's switch (:data:`PENALTIES_KEY`)."""
     if not checked(__name__, CHECKED_ON):
         return []
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer

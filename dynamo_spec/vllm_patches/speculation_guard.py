@@ -26,19 +26,17 @@ admission patch feeds :meth:`SpeculationGuard.observe` and asks :meth:`Speculati
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 logger = logging.getLogger("vllm.dynamo_spec_plugin")
 
-# The guard's settings, as JSON, for the engine's processes (set by the server before it
-# starts the engine; unset: no guard).
-GUARD_ENV = "DYNAMO_SPEC_GUARD"
+# The guard's settings in the engine's switches (``vllm_patches.switches_of``; None or absent: no guard).
+GUARD_KEY = "guard"
 
 SPECULATING, FALLBACK, PROBING = "speculating", "fallback", "probing"
 STATES = (SPECULATING, FALLBACK, PROBING)
@@ -57,13 +55,14 @@ class GuardConfig:
     probe_interval_seconds: float
     probe_draft_tokens: int
 
-    def to_env(self) -> str:
-        return json.dumps(asdict(self))
+    def to_switch(self) -> dict:
+        """The value of :data:`GUARD_KEY` in the engine's switches (plain JSON data)."""
+        return asdict(self)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> GuardConfig | None:
-        text = environ.get(GUARD_ENV)
-        return cls(**json.loads(text)) if text else None
+    def from_switches(cls, switches: Mapping[str, Any]) -> GuardConfig | None:
+        values = switches.get(GUARD_KEY)
+        return cls(**values) if values else None
 
 
 class SpeculationGuard:

@@ -41,7 +41,9 @@ vLLM's own path):
    ``take_draft_token_ids`` after a step scheduled with k=0 (the scheduler cleared the
    scheduled requests' draft tokens when it scheduled it).
 
-``DYNAMO_SPEC_ZERO_DRAFT_STEPS=0`` leaves vLLM's k=0 steps as they are. Checked on vLLM
+An engine whose switches set ``zero_draft_steps: false`` (:data:`ZERO_DRAFT_KEY`, for A/B
+runs: ``engine.extra.additional_config.dynamo_spec.zero_draft_steps``) keeps vLLM's k=0 steps;
+the runner and the scheduler each read it once from their own ``vllm_config``. Checked on vLLM
 0.32.0 (``CHECKED_ON``). Goes away when vLLM samples k=0 steps with its plain sampler,
 skips the draft round trip after them, and writes the draft's KV cache without its full
 first pass (or when drafting no longer needs those KV entries).
@@ -50,11 +52,13 @@ first pass (or when drafting no longer needs those KV entries).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from dynamo_spec.vllm_patches import switch
 from dynamo_spec.vllm_patches._upstream import checked
+
+if TYPE_CHECKING:
+    import torch
 
 CHECKED_ON = ("0.32.0",)
 # The upstream methods this patch wraps, then those its lean draft pass calls itself,
@@ -75,13 +79,21 @@ UPSTREAM_SIGNATURES = {
         "(self, layer, key, value, kv_cache, slot_mapping)",
 }
 
+# False in the engine's switches: vLLM's own k=0 steps (on where they do not say).
+ZERO_DRAFT_KEY = "zero_draft_steps"
+
 _PATCHED_ATTR = "_dynamo_spec_zero_draft"
+
+
+def enabled(owner: Any) -> bool:
+    """Whether ``owner``'s engine takes the cheap k=0 steps (on where its switches do not say)."""
+    return switch(owner, ZERO_DRAFT_KEY, default=True)
 
 
 def _sample_without_drafts(original):
     @functools.wraps(original)
     def _sample(self, logits, spec_decode_metadata):
-        if spec_decode_metadata is None or spec_decode_metadata.max_spec_len != 0:
+        if spec_decode_metadata is None or spec_decode_metadata.max_spec_len != 0 or not enabled(self):
             return original(self, logits, spec_decode_metadata)
         # No request has a draft token in this step: what the runner does without
         # speculation (see GPUModelRunner._sample's `spec_decode_metadata is None` branch).
@@ -98,13 +110,16 @@ def _lean_k0_applies(runner, scheduler_output, sampled_token_ids, spec_decode_me
     reproduces what vLLM's first draft pass would write: a k=0 step with no draft token
     scheduled, an EAGLE-3 Llama draft of one layer on a backend that writes its KV
     cache in a separate step, vLLM's padded drafter batch (the path the CPU runner
-    takes) and none of the extras that change the draft's inputs."""
-    if scheduler_output.num_spec_tokens_to_schedule != 0:
+    takes) and none of the extras that change the draft's inputs; in an engine whose
+    switches leave it on."""
+    if scheduler_output.num_spec_tokens_to_schedule != 0 or not enabled(runner):
         return False
     if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len != 0:
         return False
     spec = runner.speculative_config
     drafter = runner.drafter
+    import torch  # here, not at import: engine/args.py reads this module's switch name
+
     if (spec is None or spec.method != "eagle3" or spec.disable_padded_drafter_batch
             or not isinstance(sampled_token_ids, torch.Tensor) or sampled_token_ids.shape[-1] != 1
             or aux_hidden_states is None or not runner.use_aux_hidden_state_outputs
@@ -142,6 +157,8 @@ def _draft_inputs(runner, num_tokens: int, sampled_token_ids: torch.Tensor,
     tokens shifted left by one, and at each request's last position its next token, the
     one just sampled, or for a request still in its prefill (discarded sample) the next
     prompt token."""
+    import torch
+
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     next_ids = sampled_token_ids[:num_reqs, 0].to(torch.int32)  # a copy: the sample is not touched
@@ -161,6 +178,8 @@ def _write_draft_kv(model, input_ids: torch.Tensor, positions: torch.Tensor,
     compute before the KV write, and the backend's own KV write. Attention, output
     projection, MLP, final norm and the draft's head, whose results a k=0 step would
     discard, are not run."""
+    import torch
+
     hidden = model.combine_hidden_states(aux_hidden_states)
     inner = model.model
     layer = inner.layers[0]
@@ -186,6 +205,8 @@ def _propose_kv_only_at_k0(original):
             return original(self, scheduler_output, sampled_token_ids, sampling_metadata,
                             hidden_states, sample_hidden_states, aux_hidden_states,
                             spec_decode_metadata, common_attn_metadata, slot_mappings)
+        import torch
+
         n = scheduler_output.total_num_scheduled_tokens
         with torch.inference_mode():
             input_ids = _draft_inputs(self, n, sampled_token_ids, common_attn_metadata)
@@ -215,7 +236,8 @@ def _schedule_recording_k(original):
     @functools.wraps(original)
     def schedule(self, *args: Any, **kwargs: Any):
         output = original(self, *args, **kwargs)
-        self._dynamo_spec_last_k = output.num_spec_tokens_to_schedule
+        if enabled(self):  # post_step skips the round trip only where this is set
+            self._dynamo_spec_last_k = output.num_spec_tokens_to_schedule
         return output
 
     setattr(schedule, _PATCHED_ATTR, True)

@@ -27,20 +27,16 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
          "--target", str(tiny_models["fixed_target"]),
          "--draft", str(tiny_models["always_draft"]), "--prompts", str(prompts),
          "--k", "1,3", "--temperatures", "0,0.8,default", "--max-tokens", "33", "--speed-prompts", "2", "--speed-runs", "1",
-         "--speed-max-tokens", "16", "--json", str(out)],
+         "--speed-max-tokens", "16", "--draft-penalties", "on", "--json", str(out)],
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["n_prompts"] == 3  # the eval split only
-    # with and without the draft-side penalties (the default: both); this fixture sets no penalty,
-    # so both give the same figures
-    assert sorted((a["k"], a["temperature"], a["draft_penalties"]) for a in report["acceptance"]
-                  if a["temperature"] == 0) == [(1, 0, False), (1, 0, True), (3, 0, False), (3, 0, True)]
-    for k in (1, 3):
-        on, off = (next(a for a in report["acceptance"] if a["k"] == k and a["temperature"] == 0
-                        and a["draft_penalties"] is v) for v in (True, False))
-        assert on["mean_acceptance_length"] == off["mean_acceptance_length"] == pytest.approx(k + 1)
+    # only with the draft-side penalties, as asked (this fixture sets no penalty: on and off are
+    # compared on one that does, below)
+    assert [(a["k"], a["temperature"], a["draft_penalties"]) for a in report["acceptance"]] == [
+        (k, t, True) for k in (1, 3) for t in (0, 0.8, "default")]
     by_k = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0 and a["draft_penalties"]}
     sampled = {a["k"]: a for a in report["acceptance"] if a["temperature"] == 0.8 and a["draft_penalties"]}
     # always accepted: every draft step yields k + 1 tokens; 33 tokens = 1 from the
@@ -75,11 +71,57 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
     assert report["model_defaults"] == {}
     default = {a["k"]: a for a in report["acceptance"] if a["temperature"] == "default" and a["draft_penalties"]}
     assert all(default[k]["acceptance_rate"] < 0.05 for k in (1, 3))
-    assert "| 3 | 0.8 | on |" in result.stdout and "| 3 | default | off |" in result.stdout
+    assert "| 3 | 0.8 | on |" in result.stdout and "| 3 | default | on |" in result.stdout
     for key in ("speed_no_spec", "speed_spec"):
         assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
     assert "| 3 | 0 | on | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 | 96.7% | 3 / 3 | - (0) |" in result.stdout
     assert "| b | 2 | 2.00 (97%) |" in result.stdout and "| 4.00 (97%) |" in result.stdout
+
+
+# Logits the same at every position (support/tiny_models.py, build_preference_target); the model's
+# generation_config.json asks for a frequency penalty, so every request of eval-draft takes it.
+PREFERENCES = {20: 8.0, 21: 7.375, 22: 6.75, 23: 6.125, 24: 5.5, 25: 4.875}
+FREQUENCY_PENALTY = 0.75
+
+
+@pytest.fixture(scope="module")
+def penalised_models(tmp_path_factory):
+    from support.tiny_models import build_preference_draft, build_preference_target
+
+    root = tmp_path_factory.mktemp("penalised-models")
+    target = build_preference_target(root / "target", PREFERENCES)
+    config = json.loads((target / "generation_config.json").read_text())
+    (target / "generation_config.json").write_text(json.dumps({**config, "frequency_penalty": FREQUENCY_PENALTY}))
+    return target, build_preference_draft(root / "draft", target, PREFERENCES)
+
+
+def test_eval_draft_compares_drafting_with_and_without_the_penalties(penalised_models, tmp_path):
+    """Under the model's frequency penalty the greedy answer cycles through the six tokens
+    (20 21 20 22 21 20 23 22 21 20 24 ...: each use costs 0.75). The draft's logits are the target's:
+    drafting under the penalty it proposes the answer (every draft accepted, k + 1 a step);
+    without, it proposes token 20 every time, accepted only where the answer has it: of 25 tokens,
+    19 steps of 3 drafts, 5 accepted (the reckoning of tests/integration/test_draft_penalties.py)."""
+    target, draft = penalised_models
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "source": "a", "split": "eval",
+                                           "messages": [{"role": "user", "content": text}]}) + "\n"
+                               for i, text in enumerate(["Tell me about the sea.", "def add(a, b):"])))
+    out = tmp_path / "result.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "dynamo_spec", "eval-draft", "--target", str(target), "--draft", str(draft),
+         "--prompts", str(prompts), "--k", "3", "--temperatures", "0", "--max-tokens", "25", "--speed-runs", "0",
+         "--draft-penalties", "on,off", "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["model_defaults"] == {"frequency_penalty": FREQUENCY_PENALTY}
+    on, off = (next(a for a in report["acceptance"] if a["draft_penalties"] is v) for v in (True, False))
+    assert (on["drafts"], on["mean_acceptance_length"], on["acceptance_rate"]) == (2 * 6, 4.0, 1.0)
+    assert off["drafts"] == 2 * 19
+    assert off["mean_acceptance_length"] == pytest.approx(1 + 5 / 19)
+    assert off["acceptance_rate"] == pytest.approx(5 / 57)
+    assert "| 3 | 0 | on | 4.00 | 1.00 |" in result.stdout and "| 3 | 0 | off | 1.26 | 0.09 |" in result.stdout
 
 
 def test_calibration_records_each_verified_draft_with_the_drafts_own_probabilities(tiny_models, tmp_path):

@@ -49,7 +49,7 @@ def test_k0_steps_skip_the_rejection_sampler_and_the_draft_round_trip(tiny_model
             "schedule": [[1, 1, K], [2, 128, 0]], "phases": [together, alone, opted_out], "count_calls": True}
     in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # so the probe can count calls in the worker
     ours = probe(spec, env=in_process)
-    vllm_own = probe(spec, env={**in_process, "DYNAMO_SPEC_ZERO_DRAFT_STEPS": "0"})
+    vllm_own = probe({**spec, "switches": {"zero_draft_steps": False}}, env=in_process)
     steps_together = 9  # a prefill step and 8 decode steps, no drafts
     steps_alone = 1 + (25 - 1) // (K + 1)  # a prefill step, then six k=3 steps of 4 tokens
     steps_opted_out = 9  # a prefill step and 8 decode steps, no drafts
@@ -81,7 +81,7 @@ def test_k0_steps_fill_the_draft_kv_cache_as_vllm_does(tiny_models, chunk):
             "max_num_batched_tokens": chunk}
     in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     ours = probe(spec, env=in_process)
-    vllm_own = probe(spec, env={**in_process, "DYNAMO_SPEC_ZERO_DRAFT_STEPS": "0"})
+    vllm_own = probe({**spec, "switches": {"zero_draft_steps": False}}, env=in_process)
     skipped = probe({**spec, "skip_k0_draft_pass": True}, env=in_process)
     assert len(vllm_own["calls"]["drafts"]) >= 5
     assert ours["calls"]["drafts"] == vllm_own["calls"]["drafts"]

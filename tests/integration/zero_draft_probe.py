@@ -78,6 +78,8 @@ def main() -> None:
                                         "num_speculative_tokens": spec["k"],
                                         "num_speculative_tokens_per_batch_size": spec.get("schedule")}
         kwargs["per_request_spec_decode_metrics"] = "summary"
+    if spec.get("switches") is not None:  # this project's switches of the engine (engine.args.engine_switches)
+        kwargs["additional_config"] = {"dynamo_spec": spec["switches"]}
     llm = LLM(**kwargs)
     calls = count_calls() if spec.get("count_calls") else {}
     if spec.get("skip_k0_draft_pass"):

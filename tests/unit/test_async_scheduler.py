@@ -29,8 +29,7 @@ pytestmark = pytest.mark.unit
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from dynamo_spec.vllm_patches import draft_admission, speculation_guard  # noqa: E402
-from dynamo_spec.vllm_patches.draft_budget import BUDGET_ENV  # noqa: E402
+from dynamo_spec.vllm_patches import CONFIG_KEY, draft_admission, speculation_guard  # noqa: E402
 
 K = 3  # num_speculative_tokens
 PROMPT_LEN = 8  # one prefill step each (no chunking, no prefix-cache hits: distinct prompts)
@@ -101,9 +100,9 @@ def _upstream(method: Any) -> Any:
 
 
 @pytest.fixture
-def upstream_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+def upstream_scheduler(vllm_config, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's scheduler methods as shipped for the test, whatever this process applied before;
-    put back as they were after it. No guard or budget configured."""
+    put back as they were after it. The engine's switches configure no guard or budget."""
     import importlib
 
     from vllm.v1.engine.core import EngineCore
@@ -115,8 +114,7 @@ def upstream_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
         # absent after the test if it was absent before (setattr records that; delattr alone would not)
         monkeypatch.setattr(EngineCore, name, None, raising=False)
         monkeypatch.delattr(EngineCore, name)
-    for env in (speculation_guard.GUARD_ENV, BUDGET_ENV, draft_admission.CONFIDENCE_LOG_ENV):
-        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(vllm_config, "additional_config", {})
 
 
 @pytest.fixture
@@ -357,10 +355,12 @@ GUARD = speculation_guard.GuardConfig(min_acceptance_rate=0.5, window_draft_toke
 
 
 @pytest.fixture
-def clock(patched, monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The guard configured as the server configures it (its variable), on a clock the test moves."""
+def clock(patched, vllm_config, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The guard configured as the server configures it (the engine's switches in its config), on a
+    clock the test moves."""
     now = [0.0]
-    monkeypatch.setenv(speculation_guard.GUARD_ENV, GUARD.to_env())
+    monkeypatch.setattr(vllm_config, "additional_config",
+                        {CONFIG_KEY: {speculation_guard.GUARD_KEY: GUARD.to_switch()}})
     monkeypatch.setattr(speculation_guard, "SpeculationGuard",
                         functools.partial(speculation_guard.SpeculationGuard, clock=lambda: now[0]))
     return now
@@ -427,3 +427,24 @@ def test_the_guard_probes_after_its_interval_and_resumes_on_good_acceptance(cloc
     assert guard.state == speculation_guard.SPECULATING
     assert guard.transitions["probing->speculating"] == 1
     assert all(s.k == K and s.spec == drafting for s in eng.run(3, accept_all))
+
+
+def test_two_engines_in_one_process_each_follow_their_own_switches(clock, vllm_config, engine):
+    """Two schedulers side by side in this process, one from a config whose switches configure the guard
+    and one from a config without: the patch is process-wide, the guard only where its engine asks."""
+    import copy
+
+    plain_config = copy.copy(vllm_config)
+    plain_config.additional_config = {}
+    guarded = engine(GUARD_CAPS, asynchronous=False)
+    plain = Engine(make_scheduler(plain_config, asynchronous=False), asynchronous=False)
+    add_requests(plain.scheduler, GUARD_CAPS)
+    assert vllm_config.additional_config[CONFIG_KEY] and plain_config.additional_config == {}
+    for _ in range(7):  # interleaved, as two engines' steps would be
+        guarded.step(accept_none)
+        plain.step(accept_none)
+    drafting = {"a": K, "b": K, "one": 1}
+    assert draft_admission.guard_of(guarded.scheduler).state == speculation_guard.FALLBACK
+    assert [s.spec for s in guarded.steps] == [{}, drafting, {}, {}, {}, {}, {}]
+    assert draft_admission.guard_of(plain.scheduler) is None and draft_admission.budget_of(plain.scheduler) is None
+    assert [s.spec for s in plain.steps] == [{}] + [drafting] * 6  # nothing accepted, and it keeps drafting

@@ -124,29 +124,36 @@ def test_every_nth_draft_is_verified_whole():
     assert kept == [0, 0, 0, 3, 0, 0, 0, 3]
 
 
-def test_the_config_reaches_the_engine_through_its_environment():
+def test_the_config_reaches_the_engine_as_plain_data_in_its_switches():
+    import json
+
     config = db.BudgetConfig(draft_token_cost=((1, 0.2), (8, 0.4)), min_observations=2, explore_every=64)
-    assert db.BudgetConfig.from_env({db.BUDGET_ENV: config.to_env()}) == config
-    assert db.BudgetConfig.from_env({}) is None
+    switch = config.to_switch()
+    assert switch == json.loads(json.dumps(switch))  # what vLLM's config hash (a JSON dump) sees is what arrives
+    assert db.BudgetConfig.from_switches({db.BUDGET_KEY: switch}) == config
+    assert db.BudgetConfig.from_switches({}) is None and db.BudgetConfig.from_switches({db.BUDGET_KEY: None}) is None
 
 
-def test_draft_admission_cuts_each_request_to_what_the_budget_admits(monkeypatch):
+def test_draft_admission_cuts_each_request_to_what_the_budget_admits():
     from vllm.v1.outputs import DraftTokenIds
 
-    monkeypatch.setenv(db.BUDGET_ENV, db.BudgetConfig(draft_token_cost=((1, 0.3),), min_observations=0,
-                                                      explore_every=0).to_env())
-    monkeypatch.delenv("DYNAMO_SPEC_GUARD", raising=False)
+    from dynamo_spec.vllm_patches import CONFIG_KEY
+
+    config = db.BudgetConfig(draft_token_cost=((1, 0.3),), min_observations=0, explore_every=0)
+    engine = SimpleNamespace(additional_config={CONFIG_KEY: {db.BUDGET_KEY: config.to_switch()}})
     seen = []
     wrapped = da._update_draft_token_ids_capped(lambda self, drafts: seen.append(drafts))
     req = lambda cap=None: SimpleNamespace(  # noqa: E731
         sampling_params=SimpleNamespace(extra_args={"max_draft_tokens": cap} if cap is not None else None),
         is_finished=lambda: False, is_prefill_chunk=False)
-    sched = SimpleNamespace(requests={"sure": req(), "unsure": req(), "capped": req(1)}, num_spec_tokens=3)
+    sched = SimpleNamespace(requests={"sure": req(), "unsure": req(), "capped": req(1)}, num_spec_tokens=3,
+                            vllm_config=engine)
     drafts = DraftTokenIds(["sure", "unsure", "capped"], [[5, 6, 7]] * 3)
     drafts.confidence = [[0.99, 0.98, 0.97], [0.2, 0.9, 0.9], [0.99, 0.99, 0.99]]
     wrapped(sched, drafts)
     assert seen[0].draft_token_ids == [[5, 6, 7], [], [5]]  # the request's own cap comes first
     budget = da.budget_of(sched)
+    assert budget.config == config and da.guard_of(sched) is None  # its engine asks for no guard
     assert (budget.offered, budget.admitted) == (7, 4)
     # a request that finished in this step (or is gone) is not offered: vLLM drops its drafts
     sched.requests["sure"].is_finished = lambda: True
@@ -161,25 +168,23 @@ def test_draft_admission_cuts_each_request_to_what_the_budget_admits(monkeypatch
     assert seen[0].draft_token_ids == [[5, 6, 7]]
 
 
-def test_the_engine_environment_carries_the_budget_only_while_it_is_on(monkeypatch):
+def test_the_engines_switches_carry_the_budget_only_while_it_is_on():
+    """The server's and the offline engines' arguments (engine_kwargs) give the engine its budget and the
+    drafts' confidences it needs in its own config, and write nothing to this process's environment."""
+    import os
+
     from dynamo_spec.config.settings import Settings
-    from dynamo_spec.engine.async_llm import set_speculation_controls
-    from dynamo_spec.training.offline_llm import _speculation_controls
-    from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_ENV
+    from dynamo_spec.engine.args import engine_kwargs
+    from dynamo_spec.vllm_patches import CONFIG_KEY, switches_of
+    from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_KEY
 
     on = Settings(engine={"model": "t"}, speculative={"model": "d", "draft_budget": {
         "enabled": True, "draft_token_cost": [[1, 0.2], [8, 0.4]], "min_observations": 2}})
-    env: dict[str, str] = {}
-    set_speculation_controls(env, on)
-    assert env[CONFIDENCE_ENV] == "1"
-    config = db.BudgetConfig.from_env(env)
+    off = Settings(engine={"model": "t"}, speculative={"model": "d"})
+    environ = dict(os.environ)
+    switches = [engine_kwargs(s)["additional_config"][CONFIG_KEY] for s in (on, off)]
+    assert dict(os.environ) == environ
+    assert switches[0][CONFIDENCE_KEY] is True and switches[1][CONFIDENCE_KEY] is False
+    config = db.BudgetConfig.from_switches(switches_of(SimpleNamespace(additional_config={CONFIG_KEY: switches[0]})))
     assert (config.draft_token_cost, config.min_observations) == (((1, 0.2), (8, 0.4)), 2)
-    set_speculation_controls(env, Settings(engine={"model": "t"}, speculative={"model": "d"}))
-    assert db.BUDGET_ENV not in env and CONFIDENCE_ENV not in env
-    # the offline engine of verify / eval-draft: set while it runs, as it was after
-    monkeypatch.delenv(db.BUDGET_ENV, raising=False)
-    monkeypatch.setenv(CONFIDENCE_ENV, "0")
-    import os
-    with _speculation_controls(on):
-        assert os.environ[CONFIDENCE_ENV] == "1" and db.BUDGET_ENV in os.environ
-    assert os.environ[CONFIDENCE_ENV] == "0" and db.BUDGET_ENV not in os.environ
+    assert db.BudgetConfig.from_switches(switches[1]) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dynamo_spec.config.loader import load_settings
+from dynamo_spec.config.settings import GuardSettings
 from dynamo_spec.engine.args import build_engine_args, engine_kwargs
 
 pytestmark = pytest.mark.unit
@@ -30,6 +31,9 @@ def test_gpu_default_mirrors_the_dynamo_guide(repo_root):
             "draft_tensor_parallel_size": 1,
         },
         "per_request_spec_decode_metrics": "summary",
+        # this project's switches of the engine (engine_switches): the guide's, no guard, no budget
+        "additional_config": {"dynamo_spec": {"draft_penalties": True, "guard": None, "draft_budget": None,
+                                              "draft_confidence": False}},
     }
 
 
@@ -67,6 +71,10 @@ def test_cpu_default(repo_root, flags, dtype, schedule):
             "disable_eagle_block_drop": True,
         },
         "per_request_spec_decode_metrics": "summary",
+        # the guard on with the settings' defaults (config/settings.py GuardSettings), no budget
+        "additional_config": {"dynamo_spec": {
+            "draft_penalties": True, "draft_budget": None, "draft_confidence": False,
+            "guard": GuardSettings().model_dump(exclude={"enabled"})}},
     }
 
 
@@ -79,6 +87,7 @@ def test_pass_through_and_speculation_off(repo_root):
     kwargs = engine_kwargs(settings)
     assert kwargs["block_size"] == 32 and kwargs["max_num_seqs"] == 4
     assert "speculative_config" not in kwargs and "per_request_spec_decode_metrics" not in kwargs
+    assert "additional_config" not in kwargs  # no switches without speculation
 
 
 def test_speculative_pass_through(repo_root):

@@ -632,3 +632,15 @@ def test_uncached_hub_id_with_the_hub_unreachable_is_one_line(hub, monkeypatch):
                               "be fetched from the Hugging Face Hub (")
     assert "not reachable from this machine" not in problem and "\n" not in problem
     assert f"huggingface-cli download {TARGET_ID} --local-dir DIR" in problem and "set HF_TOKEN" in problem
+
+
+def test_a_runner_switch_vllm_cannot_parse_is_one_error_naming_it(tmp_path, monkeypatch):
+    """vLLM reads VLLM_USE_V2_MODEL_RUNNER with int(): `true` stops its start, so preflight says so
+    instead of guessing a runner (dynamo_spec/engine/paths.py)."""
+    from dynamo_spec.config.settings import Settings
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "true")
+    s = Settings(engine={"model": str(tmp_path / "missing")}, speculative={"method": "eagle3", "model": "d"})
+    errors = [p.message for p in run_preflight(s, on_cpu=True) if "VLLM_USE_V2_MODEL_RUNNER" in p.message]
+    assert errors == ["VLLM_USE_V2_MODEL_RUNNER='true': vLLM reads it with int() and would fail to start; "
+                      "set 0 or 1, or unset it"]

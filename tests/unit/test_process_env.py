@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,18 @@ def test_temporary_dirs_restore_the_environment_with_what_the_block_added():
         assert os.environ["VLLM_CACHE_ROOT"] == env["VLLM_CACHE_ROOT"]
         os.environ["LD_PRELOAD"] = "/x/libtcmalloc_minimal.so.4"
     assert dict(os.environ) == before
+
+
+def test_temporary_dirs_keep_a_cache_root_already_set(tmp_path, monkeypatch):
+    """vLLM's model-info cache (VLLM_CACHE_ROOT/modelinfos) is shared with the engines started before:
+    a fresh one would cost a subprocess importing each model class at every start."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    with process_env.temporary_vllm_dirs() as env:
+        assert os.environ["VLLM_CACHE_ROOT"] == env["VLLM_CACHE_ROOT"] == str(tmp_path / "cache")
+        rpc = Path(os.environ["VLLM_RPC_BASE_PATH"])
+        assert rpc.is_dir() and tmp_path not in rpc.parents  # what was not set still gets the temp folder
+    assert "VLLM_RPC_BASE_PATH" not in os.environ and not rpc.exists()
 
 
 def test_prepare_sets_threads_preloads_and_spawn_for_the_engine_processes(tmp_path):

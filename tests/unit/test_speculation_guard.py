@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from dynamo_spec.config.settings import GuardSettings
 from dynamo_spec.vllm_patches.speculation_guard import (
     FALLBACK,
-    GUARD_ENV,
+    GUARD_KEY,
     PROBING,
     SPECULATING,
     GuardConfig,
@@ -50,8 +51,9 @@ def test_the_engine_side_takes_every_value_from_the_settings():
     settings = GuardSettings().model_dump(exclude={"enabled"})
     assert {f.name for f in fields} == set(settings)
     config = GuardConfig(**{**settings, "window_draft_tokens": 7})
-    assert GuardConfig.from_env({GUARD_ENV: config.to_env()}) == config
-    assert GuardConfig.from_env({}) is None
+    # to the engine as plain JSON data in its switches (vLLM hashes additional_config as JSON), and back
+    assert GuardConfig.from_switches(json.loads(json.dumps({GUARD_KEY: config.to_switch()}))) == config
+    assert GuardConfig.from_switches({}) is None and GuardConfig.from_switches({GUARD_KEY: None}) is None
 
 
 def test_good_acceptance_never_falls_back():

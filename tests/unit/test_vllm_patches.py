@@ -40,7 +40,7 @@ DRAFT_ADMISSION_WRAPPED = ("vllm.v1.core.sched.scheduler:Scheduler.update_draft_
                            "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule",
                            "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule",
                            "vllm.v1.core.sched.scheduler:Scheduler.make_spec_decoding_stats")
-# The methods draft_confidence wraps (when its variable asks for it), as its apply() names them.
+# The methods draft_confidence wraps (each proposer then asks its engine's switch), as its apply() names them.
 DRAFT_CONFIDENCE_WRAPPED = ("vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._greedy_sample",
                             "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
                             "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids")
@@ -64,7 +64,12 @@ def upstream(qualified: str) -> Any:
         obj = cpu_expand_kernel._original_expand_impl
     if getattr(obj, compile_cache._WRAPPED_ATTR, False):
         obj = compile_cache._original_deserialize
-    while getattr(obj, zero_draft_steps._PATCHED_ATTR, False) or getattr(obj, draft_admission._PATCHED_ATTR, False):
+    # the wrapping patches (installed in every process now; each engine's switches decide at run time)
+    from dynamo_spec.vllm_patches import draft_penalties
+
+    markers = (zero_draft_steps._PATCHED_ATTR, draft_admission._PATCHED_ATTR, draft_confidence._PATCHED_ATTR,
+               draft_penalties._PATCHED_ATTR)
+    while any(getattr(obj, marker, False) for marker in markers):
         obj = obj.__wrapped__
     return obj
 
@@ -119,7 +124,6 @@ def running(monkeypatch: pytest.MonkeyPatch):
     import vllm.version
 
     monkeypatch.delenv(_upstream.FORCE_ENV, raising=False)
-    monkeypatch.delenv(vllm_patches.ZERO_DRAFT_STEPS_ENV, raising=False)
     # vLLM's logging config stops its records at the "vllm" logger; caplog listens at the root.
     monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
 
@@ -269,13 +273,10 @@ def test_unchecked_vllm_draft_admission_changes_nothing(running, caplog, upstrea
     assert draft_admission.apply() == []  # idempotent
 
 
-def test_draft_confidence_installs_only_where_asked_and_on_a_checked_vllm(running, caplog, upstream_state,
-                                                                         monkeypatch) -> None:
+def test_draft_confidence_installs_on_a_checked_vllm_only(running, caplog, upstream_state) -> None:
+    """Installed whatever the engine asks (tests/unit/test_engine_switches.py: each proposer keeps the
+    confidences only where its own engine's switches ask)."""
     wrapped = DRAFT_CONFIDENCE_WRAPPED
-    running("0.32.0")
-    monkeypatch.delenv(draft_confidence.CONFIDENCE_ENV, raising=False)
-    assert draft_confidence.apply() == []  # not asked: drafting stays vLLM's own
-    monkeypatch.setenv(draft_confidence.CONFIDENCE_ENV, "1")
     running(UNCHECKED)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert draft_confidence.apply() == []
@@ -381,26 +382,125 @@ def test_on_an_unchecked_vllm_a_requests_cap_is_a_400_not_ignored(running) -> No
 # --------------------------------------------------------------------------- draft-side penalties
 
 
-def test_the_draft_counts_the_outputs_the_target_will_count():
-    """The outputs so far, this step's accepted tokens (vLLM's -1 placeholders dropped), then the drafts
-    already made in the step: what the rejection sampler's penalties see at each position."""
+# One propose call of k = 3 for a batch of four requests, vocabulary 16: what each has output so far,
+# what this step accepted (vLLM's sampled row: accepted drafts and the bonus, -1 for the rejected slots),
+# its prompt and its penalties (presence, frequency, repetition). The last one has none.
+PENALTY_K, PENALTY_VOCAB = 3, 16
+PENALTY_BATCH = [
+    # prompt,  outputs so far, sampled row,         presence, frequency, repetition
+    ([3, 5], [6], [7, -1, -1, -1], 0.0, 0.0, 2.0),
+    ([2], [8, 9], [10, 11, -1, -1], 1.5, 0.0, 1.0),
+    ([1], [12, 12], [13, -1, -1, -1], 0.0, 1.5, 1.0),
+    ([4], [0], [0, 1, 2, 3], 0.0, 0.0, 1.0),
+]
+# Per draft position and request: the token its draft logits favour (3.0) and a fresh one (2.0, never seen
+# by that request). At position 0 the favoured token is one the request's penalty counts: a prompt token
+# (repetition counts the prompt), one accepted this step, one in the output so far; after that, the token
+# drafted at the position before. Each penalty takes more than 1.0 off it, so the drafts are the fresh
+# tokens; the request without penalties drafts the favoured one.
+PENALTY_FAVOURED_FIRST = [3, 11, 13, 0]
+PENALTY_FRESH = [[14, 15, 10, 5], [15, 14, 9, 6], [0, 3, 4, 7]]
+
+
+def _penalty_metadata(outputs: list[list[int]], spec_token_ids=None, neutral: bool = False) -> Any:
+    """vLLM's SamplingMetadata of the batch above (greedy), with these outputs so far."""
+    import torch
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    prompts = [row[0] for row in PENALTY_BATCH]
+    width = max(map(len, prompts))
+    column = (lambda i: torch.tensor([0.0 if i < 5 else 1.0] * len(PENALTY_BATCH))) if neutral else (
+        lambda i: torch.tensor([row[i] for row in PENALTY_BATCH]))
+    return SamplingMetadata(
+        temperature=None, all_greedy=True, all_random=False, top_p=None, top_k=None, generators={},
+        max_num_logprobs=None, no_penalties=neutral,
+        prompt_token_ids=torch.tensor([p + [PENALTY_VOCAB] * (width - len(p)) for p in prompts]),  # vLLM's padding
+        presence_penalties=column(3), frequency_penalties=column(4), repetition_penalties=column(5),
+        output_token_ids=outputs, allowed_token_ids_mask=None, bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(), spec_token_ids=spec_token_ids)
+
+
+def _penalty_draft_logits() -> Any:
+    """The draft's logits at each position, [k, batch, vocab]: small noise, then the favoured and fresh tokens."""
     import torch
 
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(PENALTY_K, len(PENALTY_BATCH), PENALTY_VOCAB, generator=generator) * 0.1
+    for j in range(PENALTY_K):
+        for i in range(len(PENALTY_BATCH)):
+            penalised = i < 3
+            before = (PENALTY_FRESH[j - 1][i] if penalised else PENALTY_FAVOURED_FIRST[i]) if j else None
+            logits[j, i, PENALTY_FAVOURED_FIRST[i] if j == 0 else before] = 3.0
+            logits[j, i, PENALTY_FRESH[j][i]] = 2.0
+    return logits
+
+
+def _penalised_drafts(metadata: Any, logits: Any) -> tuple[list[list[int]], list[Any]]:
+    """The patch's penalised greedy sampling over one propose call: per position the drafts and the logits."""
     from dynamo_spec.vllm_patches import draft_penalties as dp
 
-    metadata = type("Metadata", (), {"output_token_ids": [[5, 6], [], [7]]})()
-    sampled = torch.tensor([[8, 9, -1], [3, -1, -1], [4, 4, 4]])
-    context = dp.PenaltyContext(metadata, dp.accepted_outputs(metadata, sampled), vocab_size=16)
-    assert context.outputs_at(3) == [[5, 6, 8, 9], [3], [7, 4, 4, 4]]
-    context.drafted.append([1, 2, 3])
-    context.drafted.append([10, 11, 12])
-    assert context.outputs_at(2) == [[5, 6, 8, 9, 1, 10], [3, 2, 11]]
+    sampled = [row[2] for row in PENALTY_BATCH]
+    context = dp.PenaltyContext(metadata, dp.accepted_outputs(metadata, sampled), vocab_size=PENALTY_VOCAB)
+    drafts, penalised = [], []
+    for position in logits:
+        ids, out = dp.penalized_argmax(position.clone(), context)
+        drafts.append(ids.tolist())
+        penalised.append(out)
+    return drafts, penalised
 
 
-def test_draft_penalties_can_be_turned_off_for_the_engine(monkeypatch):
+def test_the_draft_chooses_what_vllms_verify_will_choose_under_the_penalties():
+    """The patch's penalised greedy draft, position by position, against vLLM's rejection sampler verifying
+    those drafts at the next step on the same logits: its penalties (RejectionSampler.apply_logits_processors:
+    prompt, output so far with this step's accepted tokens, and the drafts before each position), then greedy,
+    choose every draft (all accepted), with the same penalised logits. Each penalty changes the argmax here, so
+    drafting without the penalties fails this."""
+    import torch
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    logits = _penalty_draft_logits()
+    before = [list(row[1]) for row in PENALTY_BATCH]  # the runner's output lists when the drafter runs
+    drafts, penalised = _penalised_drafts(_penalty_metadata(before), logits)
+
+    plain = logits.argmax(dim=-1).tolist()
+    assert drafts == [row[:3] + [plain[j][3]] for j, row in enumerate(PENALTY_FRESH)]
+    assert all(plain[j][i] != drafts[j][i] for j in range(PENALTY_K) for i in range(3))  # the penalties decide
+
+    # The next step as vLLM verifies it: the outputs now hold the accepted tokens; the drafts are spec tokens.
+    after = [out + [t for t in row[2] if t != -1] for out, row in zip(before, PENALTY_BATCH)]
+    per_request = [[drafts[j][i] for j in range(PENALTY_K)] for i in range(len(PENALTY_BATCH))]
+    rows = logits.transpose(0, 1).reshape(-1, PENALTY_VOCAB)  # request-major, as the target's verify rows
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    verify = SpecDecodeMetadata.make_dummy(per_request, torch.device("cpu"))
+    target = RejectionSampler(Sampler()).apply_logits_processors(
+        rows.clone(), _penalty_metadata(after, spec_token_ids=per_request), verify)
+    assert target.argmax(dim=-1).view(len(PENALTY_BATCH), PENALTY_K).tolist() == per_request
+    ours = torch.stack(penalised).transpose(0, 1).reshape(-1, PENALTY_VOCAB)
+    torch.testing.assert_close(ours, target)
+
+
+def test_without_penalties_the_draft_is_the_plain_argmax():
+    """Neutral penalties (presence and frequency 0, repetition 1): the logits and the argmax are the draft's own."""
+    logits = _penalty_draft_logits()
+    drafts, penalised = _penalised_drafts(
+        _penalty_metadata([list(row[1]) for row in PENALTY_BATCH], neutral=True), logits)
+    assert drafts == logits.argmax(dim=-1).tolist()
+    for position, out in zip(logits, penalised):
+        assert (out == position).all()
+
+
+def test_draft_penalties_can_be_turned_off_for_the_engine():
+    """Read from the engine's own config (``additional_config["dynamo_spec"]``); on where it says nothing."""
+    from types import SimpleNamespace
+
     from dynamo_spec.vllm_patches import draft_penalties as dp
 
-    monkeypatch.delenv(dp.PENALTIES_ENV, raising=False)
-    assert dp.enabled()
-    monkeypatch.setenv(dp.PENALTIES_ENV, "0")
-    assert not dp.enabled()
+    def runner(additional_config):  # a model runner, as the patch sees it: its engine's config
+        return SimpleNamespace(vllm_config=SimpleNamespace(additional_config=additional_config))
+
+    assert dp.enabled(runner({vllm_patches.CONFIG_KEY: {}})) and dp.enabled(runner({}))
+    assert dp.enabled(runner({vllm_patches.CONFIG_KEY: {"draft_penalties": True}}))
+    assert not dp.enabled(runner({vllm_patches.CONFIG_KEY: {"draft_penalties": False}}))
