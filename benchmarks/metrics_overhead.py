@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 
 from dynamo_spec.engine.process_env import vllm_dirs
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 from support.tiny_models import build_fixture_set
 
 

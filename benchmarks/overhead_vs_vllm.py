@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 
 from dynamo_spec.bench.load import run_cell
+from dynamo_spec.bench.managed_server import ManagedServer, free_port, serve_command
 from dynamo_spec.bench.prompts import load_sets, read_prompts, split
-from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.bench.summary import percentiles
 from dynamo_spec.config.loader import load_settings
 from dynamo_spec.engine.args import engine_kwargs

@@ -31,8 +31,8 @@ import sys
 from pathlib import Path
 
 from dynamo_spec.bench.load import run_cell
+from dynamo_spec.bench.managed_server import ManagedServer, free_port, serve_command
 from dynamo_spec.bench.prompts import load_sets, split
-from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.config import schedule as schedules
 from dynamo_spec.config.loader import load_settings
 from dynamo_spec.engine.host import detect_host, resolve_dtype

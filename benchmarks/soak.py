@@ -30,7 +30,7 @@ import psutil
 import requests
 import yaml
 
-from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
+from dynamo_spec.bench.managed_server import ManagedServer, free_port, serve_command
 
 PROMPTS = ["Tell me a long story about the sea and the ships on it.", "How does a refrigerator keep food cold?",
            "Write a short poem about autumn leaves.", "Explain what a CPU cache does, in simple terms.",
@@ -40,7 +40,7 @@ KINDS = ("stream", "complete", "abort", "over_limit")
 
 def tiny_config(out: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from support.server import tiny_config as make
+    from support.server_process import tiny_config as make
     from support.tiny_models import build_fixture_set
 
     models = build_fixture_set(Path(".cache/soak-tiny-models"))

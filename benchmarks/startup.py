@@ -18,7 +18,7 @@ import time
 import psutil
 import requests
 
-from dynamo_spec.bench.server import free_port
+from dynamo_spec.bench.managed_server import free_port
 
 
 def main() -> None:

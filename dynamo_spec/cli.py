@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--cache-dir", default=".cache/models", help="where converted models are kept (default: %(default)s)")
     prepare.set_defaults(func=cmd_prepare_default)
 
-    from dynamo_spec.bench import cli as bench
-    from dynamo_spec.training import cli as training_cli
+    from dynamo_spec.bench import command as bench
+    from dynamo_spec.training import commands as training_cli
     from dynamo_spec.training import sampling_eval, verify
 
     bench.register(sub)

@@ -1,4 +1,4 @@
-"""The bench's options, typed and checked, built once from the parsed command line (bench.cli)."""
+"""The bench's options, typed and checked, built once from the parsed command line (bench.command)."""
 
 from __future__ import annotations
 

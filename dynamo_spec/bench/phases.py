@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from dynamo_spec.bench.choose import choose_k, schedule_from_choice
+from dynamo_spec.bench.managed_server import ManagedServer, server_rss, servers_that_fit
 from dynamo_spec.bench.prompts import load_sets, split
 from dynamo_spec.bench.result import Cells, Column, Compared, Derived, Judged, SideBySide, assemble, columns_json, write
 from dynamo_spec.bench.runner import Plan, Prompts, Runner, run_header
 from dynamo_spec.bench.schedule_config import FILE as SCHEDULE_CONFIG
 from dynamo_spec.bench.schedule_config import write_schedule_config
-from dynamo_spec.bench.server import ManagedServer, server_rss, servers_that_fit
 from dynamo_spec.bench.speedups import BASELINE, BUDGET, CONFIGURED, REPEAT, SCHEDULE, SPEC_K0, verify_cost
 from dynamo_spec.config import schedule as schedules
 from dynamo_spec.config.settings import MAX_DRAFT_TOKEN_COST

@@ -16,12 +16,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from dynamo_spec.bench.host import command_line, host_info, relative
+from dynamo_spec.bench.host_report import command_line, host_info, relative
 from dynamo_spec.bench.load import run_cell
+from dynamo_spec.bench.managed_server import ManagedServer, free_port, serve_command
 from dynamo_spec.bench.measure import measure_round
 from dynamo_spec.bench.options import BenchOptions
 from dynamo_spec.bench.result import Cells, Column, SideBySide, columns_json, servers_json
-from dynamo_spec.bench.server import ManagedServer, free_port, serve_command
 from dynamo_spec.bench.summary import summarize_rounds
 
 STARTS_AT_ONCE = 2  # servers started at once (`Runner.start`)

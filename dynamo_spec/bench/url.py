@@ -9,7 +9,7 @@ import json
 import requests
 from tqdm import tqdm
 
-from dynamo_spec.bench.host import command_line
+from dynamo_spec.bench.host_report import command_line
 from dynamo_spec.bench.measure import measure
 from dynamo_spec.bench.options import BenchOptions
 from dynamo_spec.bench.prompts import load_sets

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
 from dynamo_spec.engine.host import on_cpu
-from dynamo_spec.serving import draft_budget, guard
+from dynamo_spec.serving import budget_monitor, guard
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.serving.draft_caps import TenantDraftCaps
 from dynamo_spec.serving.draft_caps import unavailable as draft_caps_unavailable
@@ -69,7 +69,7 @@ def create_app(
     attach_chat(app)
     app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=settings.server.api_key is not None,
                                     metrics=metrics))
-    app.include_router(draft_budget.router(enabled=budget_enabled(settings)))
+    app.include_router(budget_monitor.router(enabled=budget_enabled(settings)))
 
     @app.get("/live")
     async def live() -> Response:
@@ -127,7 +127,7 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
     if metrics is not None and guard_enabled(settings):
         app.state.background.append(asyncio.create_task(guard.poll(engine, metrics)))
     if metrics is not None and budget_enabled(settings):
-        app.state.background.append(asyncio.create_task(draft_budget.poll(engine, metrics)))
+        app.state.background.append(asyncio.create_task(budget_monitor.poll(engine, metrics)))
     app.state.lifecycle.set_phase(Phase.READY)
 
 

@@ -169,7 +169,7 @@ class _GuardCollector(Collector):
 
 class _BudgetCollector(Collector):
     """The confidence draft budget's counts, as last read from the engine
-    (``dynamo_spec.serving.draft_budget`` polls them); nothing before the first reading."""
+    (``dynamo_spec.serving.budget_monitor`` polls them); nothing before the first reading."""
 
     def __init__(self, model: str):
         self.model = model

@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from support.processes import Watch
-from support.server import free_port, tiny_config
+from support.server_process import free_port, tiny_config
 
 pytestmark = pytest.mark.e2e
 

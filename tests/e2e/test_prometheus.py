@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 from tests.promql import PrometheusServer, alert_rules, dashboard_queries
 
 pytestmark = pytest.mark.e2e

@@ -23,7 +23,7 @@ import pytest
 import requests
 import yaml
 
-from support.server import ServerProcess, free_port, tiny_config
+from support.server_process import ServerProcess, free_port, tiny_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 

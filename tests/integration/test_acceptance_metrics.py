@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

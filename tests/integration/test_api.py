@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from dynamo_spec.default_model import SAMPLING_DEFAULTS, ensure_sampling_defaults
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from support.server import tiny_config
+from support.server_process import tiny_config
 
 pytestmark = pytest.mark.integration
 

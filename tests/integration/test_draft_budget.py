@@ -18,8 +18,8 @@ import time
 import pytest
 import requests
 
-from dynamo_spec.serving.draft_budget import POLL_SECONDS
-from support.server import ServerProcess, tiny_config
+from dynamo_spec.serving.budget_monitor import POLL_SECONDS
+from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

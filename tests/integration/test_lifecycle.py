@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from support.processes import Watch
-from support.server import ServerProcess, _group_members, tiny_config
+from support.server_process import ServerProcess, _group_members, tiny_config
 from tests.integration.test_operate import CHAT, PROMPT, assert_openai_error, config, metric, post
 
 pytestmark = pytest.mark.integration

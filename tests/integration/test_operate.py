@@ -16,7 +16,7 @@ import openai
 import pytest
 import requests
 
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

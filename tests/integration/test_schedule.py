@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from dynamo_spec.bench.measure import read_spec_counters
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import requests
 
-from support.server import ServerProcess
+from support.server_process import ServerProcess
 from tests.integration.test_lifecycle import in_flight, wait_in_flight
 from tests.integration.test_operate import PROMPT, client, config, engine_stopped_generating
 

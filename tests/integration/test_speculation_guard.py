@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 from tests.integration.test_operate import assert_openai_error
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from support.cores import every_core
-from support.server import ServerProcess, tiny_config
+from support.server_process import ServerProcess, tiny_config
 from tests.integration.test_acceptance_metrics import MAX_TOKENS, PROMPTS, K, get, samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("on_every_core"),  # not a worker's share

@@ -41,7 +41,7 @@ def batched(tiny_models, tmp_path_factory):
     budget. verify's stdout."""
     import yaml
 
-    from support.server import tiny_config
+    from support.server_process import tiny_config
 
     tmp_path = tmp_path_factory.mktemp("verify-batching")
     prompts = tmp_path / "prompts.txt"

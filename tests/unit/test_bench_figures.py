@@ -239,7 +239,7 @@ def test_tables_show_each_k0_reference_above_the_columns_measured_with_it():
 
 
 def test_servers_side_by_side_only_as_many_as_free_memory_holds():
-    from dynamo_spec.bench.server import servers_that_fit
+    from dynamo_spec.bench.managed_server import servers_that_fit
 
     assert servers_that_fit(1 << 50, 5) == 0  # not one more: the bench runs one server at a time
     assert servers_that_fit(1 << 20, 5) == 5  # 1 MiB servers: all of them
@@ -323,7 +323,7 @@ def test_reported_preloads_carry_no_local_paths(monkeypatch):
     import os
     import sys
 
-    from dynamo_spec.bench.host import engine_ld_preload
+    from dynamo_spec.bench.host_report import engine_ld_preload
 
     monkeypatch.setenv("LD_PRELOAD", os.path.join(sys.prefix, "lib", "libiomp5.so") + ":/usr/lib/libtcmalloc.so.4")
     assert engine_ld_preload(False) == "<venv>/lib/libiomp5.so:/usr/lib/libtcmalloc.so.4"

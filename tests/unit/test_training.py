@@ -252,7 +252,7 @@ def test_train_draft_options_come_from_the_pipeline_config():
     import argparse
     import dataclasses
 
-    from dynamo_spec.training import cli
+    from dynamo_spec.training import commands as cli
     from dynamo_spec.training.pipeline import PipelineConfig
 
     parser = argparse.ArgumentParser()
@@ -307,7 +307,7 @@ def test_corpus_options_and_their_checks():
     import argparse
     from pathlib import Path
 
-    from dynamo_spec.training import cli
+    from dynamo_spec.training import commands as cli
     from dynamo_spec.training.pipeline import PipelineConfig
 
     parser = argparse.ArgumentParser()

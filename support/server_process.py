@@ -10,7 +10,7 @@ from typing import Any
 import requests
 import yaml
 
-from dynamo_spec.bench.server import ManagedServer, free_port
+from dynamo_spec.bench.managed_server import ManagedServer, free_port
 
 
 def tiny_config(target: Path, draft: Path | None, *, k: int = 3, **sections: dict[str, Any]) -> dict[str, Any]:

@@ -177,7 +177,7 @@ def _eval_draft(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m dynamo_spec.training.cli``); ``dynamo-spec`` registers the same commands."""
+    """Standalone entry (``python -m dynamo_spec.training.commands``); ``dynamo-spec`` registers the same commands."""
     parser = argparse.ArgumentParser(prog="dynamo-spec")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
