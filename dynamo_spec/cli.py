@@ -179,7 +179,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if any(p.level == "error" for p in problems) and not args.skip_preflight:
         log.error("preflight failed; fix the config (or pass --skip-preflight to start anyway)")
         return EXIT_CONFIG
-    return run(settings)
+    from dynamo_spec.engine.process_exit import exit_now
+
+    exit_now(run(settings))  # the engine and its processes are gone: skip the interpreter's teardown
 
 
 def cmd_prepare_default(args: argparse.Namespace) -> int:

@@ -68,6 +68,9 @@ def register() -> None:
 
     Each patch installs on its own: a failure is logged loudly and never takes the engine down
     (the server refuses beforehand what a patch that cannot apply would leave broken: ``unapplied``)."""
+    from dynamo_spec.engine.process_exit import install as quick_exit
+
+    quick_exit()  # not a patch of vLLM: this process's exit skips the final walks of its heap
     try:
         from dynamo_spec.engine.host import on_cpu
 
