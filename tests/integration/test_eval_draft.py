@@ -95,13 +95,8 @@ def penalised_models(tmp_path_factory):
     return target, build_preference_draft(root / "draft", target, PREFERENCES)
 
 
-def test_eval_draft_compares_drafting_with_and_without_the_penalties(penalised_models, tmp_path):
-    """Under the model's frequency penalty the greedy answer cycles through the six tokens
-    (20 21 20 22 21 20 23 22 21 20 24 ...: each use costs 0.75). The draft's logits are the target's:
-    drafting under the penalty it proposes the answer (every draft accepted, k + 1 a step);
-    without, it proposes token 20 every time, accepted only where the answer has it: of 25 tokens,
-    19 steps of 3 drafts, 5 accepted (the reckoning of tests/integration/test_draft_penalties.py)."""
-    target, draft = penalised_models
+def eval_draft_on_two_prompts(tmp_path, target, draft, *options: str):
+    """`dynamo-spec eval-draft` at k=3, temperature 0, no speed runs, on two prompts: its stdout and report."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "source": "a", "split": "eval",
                                            "messages": [{"role": "user", "content": text}]}) + "\n"
@@ -109,12 +104,23 @@ def test_eval_draft_compares_drafting_with_and_without_the_penalties(penalised_m
     out = tmp_path / "result.json"
     result = subprocess.run(
         [sys.executable, "-m", "dynamo_spec", "eval-draft", "--target", str(target), "--draft", str(draft),
-         "--prompts", str(prompts), "--k", "3", "--temperatures", "0", "--max-tokens", "25", "--speed-runs", "0",
-         "--draft-penalties", "on,off", "--json", str(out)],
+         "--prompts", str(prompts), "--k", "3", "--temperatures", "0", "--speed-runs", "0", *options,
+         "--json", str(out)],
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    return result, json.loads(out.read_text())
+
+
+def test_eval_draft_compares_drafting_with_and_without_the_penalties(penalised_models, tmp_path):
+    """Under the model's frequency penalty the greedy answer cycles through the six tokens
+    (20 21 20 22 21 20 23 22 21 20 24 ...: each use costs 0.75). The draft's logits are the target's:
+    drafting under the penalty it proposes the answer (every draft accepted, k + 1 a step);
+    without, it proposes token 20 every time, accepted only where the answer has it: of 25 tokens,
+    19 steps of 3 drafts, 5 accepted (the reckoning of tests/integration/test_draft_penalties.py)."""
+    target, draft = penalised_models
+    result, report = eval_draft_on_two_prompts(tmp_path, target, draft, "--max-tokens", "25",
+                                               "--draft-penalties", "on,off")
     assert report["model_defaults"] == {"frequency_penalty": FREQUENCY_PENALTY}
     on, off = (next(a for a in report["acceptance"] if a["draft_penalties"] is v) for v in (True, False))
     assert (on["drafts"], on["mean_acceptance_length"], on["acceptance_rate"]) == (2 * 6, 4.0, 1.0)
@@ -129,20 +135,9 @@ def test_calibration_records_each_verified_draft_with_the_drafts_own_probabiliti
     (probability exactly 1 / draft vocabulary: its confidence) and another token after that:
     every draft of k=3 has its first token accepted and its second rejected. The log must hold
     each verified draft once (vLLM's own count), those probabilities and those verdicts."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "source": "a", "split": "eval",
-                                           "messages": [{"role": "user", "content": text}]}) + "\n"
-                               for i, text in enumerate(["Tell me about the sea.", "def add(a, b):"])))
-    out = tmp_path / "result.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "dynamo_spec", "eval-draft", "--target", str(tiny_models["fixed_target"]),
-         "--draft", str(tiny_models["partial_draft"]), "--prompts", str(prompts), "--k", "3",
-         "--temperatures", "0", "--max-tokens", "33", "--speed-runs", "0", "--calibration", "--draft-penalties", "on",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    acceptance = json.loads(out.read_text())["acceptance"][0]
+    result, report = eval_draft_on_two_prompts(tmp_path, tiny_models["fixed_target"], tiny_models["partial_draft"],
+                                               "--max-tokens", "33", "--calibration", "--draft-penalties", "on")
+    acceptance = report["acceptance"][0]
     calibration = acceptance["calibration"]
     draft_vocab = json.loads((tiny_models["partial_draft"] / "config.json").read_text())["draft_vocab_size"]
     # 33 tokens: 1 from the prefill, then 16 steps of 2 (one accepted, the bonus token) per prompt.
