@@ -301,6 +301,46 @@ class MetricsSettings(_Section):
     max_tenants: int = Field(20, ge=1, description="Distinct tenant label values; more fold into 'other'.")
 
 
+class DrySettings(_Section):
+    """The server's default DRY ("Don't Repeat Yourself") sequence-repetition control; a request overrides
+    each field (``dry_multiplier``, ``dry_base``, ... top-level or in ``vllm_xargs``, llama.cpp's names).
+    It penalises only the token that would extend a verbatim repeat of a sequence already in the
+    context, by ``multiplier * base ** (length - allowed_length)``. Lossless under speculation: the
+    target applies it at every verified position with that position's own context."""
+
+    multiplier: float = Field(0.0, ge=0, description="Strength; 0 turns DRY off (llama.cpp suggests 0.8).")
+    base: float = Field(1.75, ge=1, description="Growth of the penalty per token of repeat past allowed_length.")
+    allowed_length: int = Field(2, ge=1, description="Longest repeat that goes unpenalised.")
+    penalty_last_n: int = Field(-1, ge=-1, description="Tokens of context scanned for repeats; -1: all of it, "
+                                "0: DRY off.")
+    sequence_breakers: list[str] = Field(
+        ["\n", ":", "\"", "*"], description="A repeat never extends across a token containing one of these.")
+
+
+class SamplingSettings(_Section):
+    dry: DrySettings = Field(default_factory=DrySettings)
+
+
+class LearningSettings(_Section):
+    """The draft that learns from the traffic it serves: capture (opt-in), learn, gate, swap."""
+
+    capture: bool = Field(False, description="Keep every finished request's prompt and answer tokens (the users' "
+                          "data: files 0600 under dir; DELETE /admin/learning/captures erases them).")
+    dir: str = Field(".cache/learning", description="Where captures and learnt drafts are kept.")
+    tenants: list[str] | None = Field(None, description="Capture only these tenants' requests; None: all.")
+    max_bytes: ByteSize = Field(ByteSize(2 * 2**30), ge=1, description="Oldest captures dropped past this size.")
+    retention_days: float | None = Field(30.0, gt=0, description="Captures older than this are dropped; None: kept.")
+    min_gain: float = Field(0.05, ge=0, description="Gate: a new draft's held-out acceptance length must beat the "
+                            "served draft's by at least this.")
+    max_loss: float = Field(0.05, ge=0, description="Gate: it may lose at most this on the everyday evaluation set.")
+    threads: int | None = Field(None, ge=1, description="CPU threads a learn cycle may use; None: half the cores.")
+    auto: bool = Field(False, description="Run a learn cycle in a child process every every_tokens captured "
+                       "tokens and swap the draft when the gate promotes it.")
+    every_tokens: int = Field(200_000, ge=1, description="Captured tokens between automatic learn cycles.")
+    max_in_flight: int = Field(4, ge=0, description="An automatic cycle starts only while fewer requests than this "
+                               "are in flight.")
+
+
 class Settings(BaseSettings):
     """Everything a deployment needs, in one model."""
 
@@ -313,6 +353,8 @@ class Settings(BaseSettings):
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    learning: LearningSettings = Field(default_factory=LearningSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -52,7 +52,7 @@ def test_effective_config_lists_every_field_with_its_source(write_config):
     rows = {f: (v, src) for f, v, src in effective_config(load_settings(write_config(BASE), [], {}))}
     assert rows["speculative.num_speculative_tokens"][0] == 2
     assert rows["metrics.window_seconds"] == (60.0, "default")
-    assert set(f.split(".")[0] for f in rows) == {"server", "engine", "speculative", "limits", "metrics"}
+    assert set(f.split(".")[0] for f in rows) == {"server", "engine", "speculative", "limits", "metrics", "sampling", "learning"}
 
 
 def test_secret_is_hidden(write_config):
