@@ -17,6 +17,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, field_va
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dynamo_spec.config import schedule, vllm_names
+from dynamo_spec.sampling import dry
 
 ENV_PREFIX = "DYNAMO_SPEC_"
 ENV_DELIMITER = "__"
@@ -309,12 +310,19 @@ class DrySettings(_Section):
     target applies it at every verified position with that position's own context."""
 
     multiplier: float = Field(0.0, ge=0, description="Strength; 0 turns DRY off (llama.cpp suggests 0.8).")
-    base: float = Field(1.75, ge=1, description="Growth of the penalty per token of repeat past allowed_length.")
-    allowed_length: int = Field(2, ge=1, description="Longest repeat that goes unpenalised.")
-    penalty_last_n: int = Field(-1, ge=-1, description="Tokens of context scanned for repeats; -1: all of it, "
-                                "0: DRY off.")
+    base: float = Field(dry.DEFAULT_BASE, ge=1, description="Growth of the penalty per token of repeat past "
+                        "allowed_length.")
+    allowed_length: int = Field(dry.DEFAULT_ALLOWED_LENGTH, ge=1, description="Longest repeat that goes unpenalised.")
+    penalty_last_n: int = Field(dry.DEFAULT_PENALTY_LAST_N, ge=-1, description="Tokens of context scanned for "
+                                "repeats; -1: all of it, 0: DRY off.")
     sequence_breakers: list[str] = Field(
-        ["\n", ":", "\"", "*"], description="A repeat never extends across a token containing one of these.")
+        list(dry.DEFAULT_SEQUENCE_BREAKERS), description="A repeat never extends across a token containing one of these.")
+    include_prompt: bool = Field(False, description="Also count repeats of the prompt (false: only the answer's, so "
+                                 "an answer may quote its prompt).")
+
+    def params(self) -> dry.DryParams:
+        return dry.DryParams(self.multiplier, self.base, self.allowed_length, self.penalty_last_n,
+                             tuple(self.sequence_breakers), self.include_prompt)
 
 
 class SamplingSettings(_Section):
@@ -390,6 +398,8 @@ class Settings(BaseSettings):
                              "metrics.tenant_header (e.g. X-Tenant)")
         if "" in self.speculative.tenants:
             raise ValueError("speculative.tenants: a tenant's name (the header's value) cannot be empty")
+        if self.learning.tenants and not self.metrics.tenant_header:
+            raise ValueError("learning.tenants: tenants are named by a request header: set metrics.tenant_header")
         return self
 
     @property

@@ -13,6 +13,8 @@ Each refusal is answered at once in the OpenAI error shape and counted in
   has a field of a type vLLM would crash on, or a ``vllm_xargs.max_draft_tokens`` that is
   not an integer >= 0.
 
+DRY fields (top-level or in ``vllm_xargs``) are checked (400 ``invalid`` naming the field) and
+reach vLLM in ``vllm_xargs``, completed with the server's ``sampling.dry`` default (``dry_fields``).
 An admitted request of a tenant with a default cap on draft tokens (``speculative.tenants``)
 reaches vLLM with that default merged into its ``vllm_xargs`` (``draft_caps``).
 
@@ -36,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dynamo_spec.config.settings import LimitsSettings
 from dynamo_spec.serving import draft_caps
+from dynamo_spec.serving.dry_fields import DryFieldError, DryFields
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
 from dynamo_spec.serving.metrics import DynamoSpecMetrics
 
@@ -171,8 +174,9 @@ def check_bounds(body: Any, limits: LimitsSettings) -> None:
 class AdmissionMiddleware:
     def __init__(self, app: ASGIApp, lifecycle: Lifecycle, limits: LimitsSettings,
                  metrics: DynamoSpecMetrics | None, tenant_caps: draft_caps.TenantDraftCaps | None = None,
-                 caps_unavailable: str | None = None):
+                 caps_unavailable: str | None = None, dry: DryFields | None = None):
         self.app = app
+        self.dry = dry
         self.lifecycle = lifecycle
         self.limits = limits
         self.metrics = metrics
@@ -191,8 +195,10 @@ class AdmissionMiddleware:
                 parsed = parse_body(body, self.limits.max_json_depth)
                 check_types(parsed, self.caps_unavailable)
                 check_bounds(parsed, self.limits)
-                if self.tenant_caps is not None and (
-                        merged := self.tenant_caps.merged(parsed, scope["headers"])) is not None:
+                merged = self._with_dry(parsed)
+                if self.tenant_caps is not None:
+                    merged = self.tenant_caps.merged(merged or parsed, scope["headers"]) or merged
+                if merged is not None:
                     body = json.dumps(merged).encode()
                     scope = _with_content_length(scope, len(body))
                 receive = _replay(body, receive)
@@ -207,6 +213,14 @@ class AdmissionMiddleware:
             await self._run_in_time(scope, receive, send)
         finally:
             self.lifecycle.finished()
+
+    def _with_dry(self, parsed: Any) -> dict[str, Any] | None:
+        if self.dry is None:
+            return None
+        try:
+            return self.dry.rewritten(parsed)
+        except DryFieldError as exc:
+            raise Refusal(400, "invalid", str(exc), param=exc.param) from None
 
     def _admit(self, generation: bool) -> None:
         phase = self.lifecycle.phase

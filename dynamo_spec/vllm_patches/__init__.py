@@ -54,6 +54,8 @@ PATCHES = (
     Patch("zero_draft_steps", "speed", "k=0 steps of a speculative engine keep vLLM's own cost"),
     # after draft_confidence: its greedy sample wraps that one's (and keeps the confidences itself)
     Patch("draft_penalties", "speed", "requests with penalties get drafts drafted without them (lower acceptance)"),
+    # after zero_draft_steps: its _sample wraps that one's (a k=0 step's plain sampler gets DRY too)
+    Patch("dry", "feature", "requests with DRY fields are sampled without it"),
 )
 # The Zen platform is a vllm.platform_plugins entry point of its own (not registered here).
 PLATFORM_PATCHES = ("zen_platform",)

@@ -1,0 +1,1 @@
+"""Sampling controls this project adds to vLLMs (DRY)."""
