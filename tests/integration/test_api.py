@@ -114,6 +114,23 @@ def test_greedy_output_identical_without_speculation(client, plain):
     assert with_spec == without
 
 
+def test_dry_through_the_api_is_lossless_under_speculation(client, plain):
+    """DRY's fields, top-level (llama.cpp's way) or in vllm_xargs, reach the engine: the answers change,
+    and the speculative server's greedy answers are the plain server's."""
+    dry = {"dry_multiplier": 1.0, "dry_allowed_length": 2}
+    plain_client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
+
+    def answers(c, extra: dict) -> list[str]:
+        return [c.completions.create(model="tiny", prompt=p, max_tokens=48, temperature=0,
+                                     extra_body={"ignore_eos": True, "presence_penalty": 0.0, **extra}).choices[0].text
+                for p in PROMPTS]
+
+    top_level, in_xargs = answers(client, dry), answers(client, {"vllm_xargs": dry})
+    assert top_level == in_xargs
+    assert top_level != answers(client, {})  # a random tiny target repeats itself: DRY changes its answers
+    assert top_level == answers(plain_client, dry)
+
+
 def test_greedy_output_is_the_same_whatever_the_cap(client):
     """A random target and draft: the caps change what is drafted and verified, never what the
     target emits (the cap-0 request is verified without drafts: the k=0 reference). Requests of
@@ -180,6 +197,12 @@ def test_generation_config_defaults_reach_sampling_and_a_request_overrides_them(
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, 400, None),
         ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, 400, None),
         ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "dry_multiplier": -1}, 400, "dry_multiplier"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "dry_base": 2.0}, 400, "dry_base"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+          "vllm_xargs": {"dry_multiplier": 0.8, "dry_allowed_length": 0}}, 400, "vllm_xargs.dry_allowed_length"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "dry_multiplier": 0.8,
+          "dry_sequence_breakers": "\n"}, 400, "dry_sequence_breakers"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_server_stays_up(server, body, status, param):
