@@ -9,10 +9,16 @@ what users get. Two figures per answer, on token ids:
 * cycle start: where the answer's repeating tail begins, the first token of the
   longest run of n-grams at its end that all occurred before (None when that run is
   shorter than ``min_tail`` tokens); an answer with a cycle start loops.
+
+On text (``text_degeneration``, eval-sampling's and the README's measure): the same on words,
+lower-cased, with a list's enumerators as one word ("8." and "1." alike: a numbered list that
+starts again repeats itself) and without the last word of an answer cut at the token limit
+(a word cut in two is not a new word).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 NGRAM = 4
@@ -64,3 +70,23 @@ def degeneration(answers: Sequence[Sequence[int]], n: int = NGRAM,
         "answers": len(answers),
         "cycle_starts": starts,
     }
+
+
+ENUMERATOR = re.compile(r"^\(?\d+[.):]$")  # "8.", "8)", "(8)", "8:"
+
+
+def loop_words(text: str, cut: bool = False) -> list[str]:
+    """The words ``text_degeneration`` compares: lower-cased, split on whitespace, enumerators as
+    one word; without the last word where the answer was ``cut`` at the token limit."""
+    out = ["#." if ENUMERATOR.match(w) else w for w in text.lower().split()]
+    return out[:-1] if cut else out
+
+
+def text_degeneration(texts: Sequence[str], cut: Sequence[bool] | None = None, n: int = NGRAM,
+                      min_tail: int = MIN_TAIL) -> dict:
+    """``degeneration`` of answers' words (``loop_words``; ``cut``: per answer, whether it ended at
+    the token limit)."""
+    vocab: dict[str, int] = {}
+    cut = cut if cut is not None else [False] * len(texts)
+    return degeneration([[vocab.setdefault(w, len(vocab)) for w in loop_words(t, c)]
+                         for t, c in zip(texts, cut, strict=True)], n, min_tail)

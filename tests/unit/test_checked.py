@@ -20,12 +20,34 @@ KINDS = {"in_order", "all", "numbers", "letters", "answer", "json_keys"}
     ({"in_order": ["monday", "tuesday", "sunday"]}, "1. Monday\n2. Tuesday\n3. Sunday", True),
     ({"in_order": ["monday", "tuesday", "sunday"]}, "Sunday, Monday, Tuesday", False),
     ({"in_order": ["monday", "tuesday", "sunday"]}, "Monday, Tuesday, Monday, Tuesday", False),  # a loop
+    # a list that runs on past its end: it starts again, or numbers an entry past its length
+    ({"in_order": ["monday", "tuesday", "wednesday", "sunday"]},
+     "1. Monday\n2. Tuesday\n3. Wednesday\n4. Sunday\n5. Monday\n6. Tuesday\n7. Wednesday", False),
+    ({"in_order": ["monday", "tuesday", "wednesday", "sunday"]},
+     "1. Monday 2. Tuesday 3. Wednesday 4. Sunday 5. Monday 6. Tuesday 7. Wedn", False),  # cut at the limit
+    ({"in_order": ["monday", "tuesday", "wednesday", "sunday"]},
+     "Monday, Tuesday, Wednesday, Sunday, Monday, Tuesday, Wednesday, Sunday", False),
+    ({"in_order": ["monday", "tuesday", "wednesday", "sunday"]},
+     "- Monday\n- Tuesday\n- Wednesday\n- Sunday\n- **Monday**\n- **Tuesday**\n- **Wednesday**", False),
+    ({"in_order": ["monday", "tuesday", "sunday"]}, "1. Monday\n2. Tuesday\n3. Sunday\n4. Monday", False),
+    ({"in_order": ["mercury", "venus", "neptune"]}, "1. Mercury\n2. Venus\n3. Neptune\n4. Pluto", False),
+    # ... not a list that mentions its items again in a sentence, nor another list's numbers
+    ({"in_order": ["monday", "tuesday", "wednesday", "sunday"]},
+     "1. Monday\n2. Tuesday\n3. Wednesday\n4. Sunday\n\nMonday starts the week, then Tuesday and Wednesday.", True),
+    ({"in_order": ["monday", "tuesday", "wednesday", "sunday"]},
+     "**Monday**, **Tuesday**, **Wednesday** and **Sunday**.", True),
+    ({"in_order": ["mercury", "venus", "neptune"]}, "Facts:\n5. Hot\n1. Mercury\n2. Venus\n3. Neptune", True),
     ({"all": ["spring", "autumn|fall"]}, "Spring and fall.", True),
     ({"all": ["spring", "autumn|fall"]}, "Autumn, then spring.", True),  # any order
     ({"all": ["spring", "autumn|fall"]}, "Spring and summer.", False),
     ({"all": [r"\ba\b", r"\be\b"]}, "A and E", True),
     ({"all": [r"\ba\b", r"\be\b"]}, "The vowels are here", False),  # letters inside words are not letters
-    ({"numbers": [1, 2, 3, 4]}, "1, 2, 3, 4, 5", True),
+    ({"numbers": [1, 2, 3, 4]}, "1, 2, 3, 4. Done: 4 numbers.", True),
+    ({"numbers": [1, 2, 3, 4]}, "1, 2, 3, 4, 5", False),  # a count that runs on past its end
+    ({"numbers": [10, 20, 30]}, "10, 20, 30, 40", False),
+    ({"numbers": [4, 3, 2, 1]}, "4, 3, 2, 1, 0", False),
+    ({"numbers": [1, 2, 3, 4]}, "1. 1\n2. 2\n3. 3\n4. 4\n5. 5", False),
+    ({"numbers": [1, 2, 3, 4]}, "1, 2, 3, 4, 1, 2, 3", False),  # ... or starts again
     ({"numbers": [1, 2, 3, 4]}, "1. 1\n2. 2\n3. 3\n4. 4", True),  # a numbered list of the numbers
     ({"numbers": [2, 3, 5, 7]}, "1. 2\n2. 3\n3. 5\n4. 7", True),  # its enumerators are not the answer's numbers
     ({"numbers": [2, 3, 5, 7]}, "1. 2\n2. 3\n3. 4\n4. 7", False),

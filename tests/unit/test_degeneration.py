@@ -1,10 +1,16 @@
-"""The degeneration figures eval-draft reports beside acceptance."""
+"""The degeneration figures eval-draft reports beside acceptance, and eval-sampling's loop judge on words."""
 
 from __future__ import annotations
 
 import pytest
 
-from dynamo_spec.training.degeneration import cycle_start, degeneration, repeated_ngram_share
+from dynamo_spec.training.degeneration import (
+    cycle_start,
+    degeneration,
+    loop_words,
+    repeated_ngram_share,
+    text_degeneration,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -50,3 +56,42 @@ def test_figures_over_a_set_pool_the_ngrams_and_count_the_loops():
     assert result["looping"] == 1 and result["answers"] == 3
     assert result["cycle_starts"] == [None, 4, None]
     assert degeneration([])["repeated_ngram_share"] == 0.0
+
+
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def _numbered(start: int, items: list[str]) -> str:
+    return "\n".join(f"{i}. {item}" for i, item in enumerate(items, start))
+
+
+def test_a_numbered_list_that_starts_again_loops_though_its_numbers_go_on():
+    """"8. Monday 9. Tuesday ...": no word 4-gram repeats verbatim, but the list loops."""
+    run_on = "Here are the days of the week:\n" + _numbered(1, DAYS * 5)  # 35 entries, numbered 1 to 35
+    assert len(set(run_on.split())) == len(DAYS) + 35 + 6  # every enumerator new
+    result = text_degeneration([run_on])
+    assert result["looping"] == 1
+    assert result["mean_repeated_ngram_share"] > 0.7
+    assert loop_words("8. Monday 9) Tuesday (10) Wednesday 11: x") == ["#.", "monday", "#.", "tuesday", "#.",
+                                                                       "wednesday", "#.", "x"]
+
+
+def test_a_list_that_ends_does_not_loop():
+    answer = "Here are the days of the week:\n" + _numbered(1, DAYS) + "\nEach day has its own rhythm."
+    result = text_degeneration([answer])
+    assert result["looping"] == 0 and result["mean_repeated_ngram_share"] == 0.0
+
+
+def test_a_repeated_line_loops_and_a_word_cut_at_the_limit_does_not_hide_it():
+    poem = "Sakura blooms in spring,\nsoft petals on the wind.\n" + "A tree of love,\n" * 30
+    assert text_degeneration([poem])["looping"] == 1
+    cut = poem + "A tree of lo"  # the token limit cut the last word in two
+    assert text_degeneration([cut])["looping"] == 0  # read as a new last 4-gram ...
+    assert text_degeneration([cut], cut=[True])["looping"] == 1  # ... unless known to be cut
+    assert loop_words("A tree of lo", cut=True) == ["a", "tree", "of"]
+
+
+def test_text_figures_are_per_answer_and_lower_cased():
+    result = text_degeneration(["Pink tree is PINK TREE IS pink tree is", "blossoms fall like snow on the river"])
+    assert result["mean_repeated_ngram_share"] == pytest.approx((3 / 6 + 0) / 2)
+    assert result["answers"] == 2 and result["looping"] == 0
