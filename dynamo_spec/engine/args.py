@@ -11,6 +11,7 @@ from typing import Any
 from dynamo_spec.config import schedule
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.host import Host, detect_host, resolve_dtype
+from dynamo_spec.learning.swap import EXTENSION as DRAFT_SWAP_EXTENSION
 from dynamo_spec.vllm_patches import CONFIG_KEY
 from dynamo_spec.vllm_patches.draft_admission import CONFIDENCE_LOG_KEY
 from dynamo_spec.vllm_patches.draft_budget import BUDGET_KEY, BudgetConfig
@@ -100,6 +101,12 @@ def engine_kwargs(settings: Settings, host: Host | None = None) -> dict[str, Any
     if kwargs["speculative_config"] is not None:
         kwargs["per_request_spec_decode_metrics"] = engine.per_request_spec_decode_metrics
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if settings.speculative.enabled and settings.speculative.method == "eagle3":
+        # POST /admin/draft loads a draft through this worker extension (dynamo_spec/learning/swap.py)
+        if "worker_extension_cls" in engine.extra:
+            raise ValueError(f"engine.extra.worker_extension_cls: dynamo-spec sets it to {DRAFT_SWAP_EXTENSION} (the "
+                             "live draft swap, POST /admin/draft); remove it")
+        kwargs["worker_extension_cls"] = DRAFT_SWAP_EXTENSION
     kwargs.update(engine.extra)
     if "speculative_config" in kwargs:  # a user's additional_config is kept beside this project's key
         kwargs["additional_config"] = {**engine.extra.get("additional_config", {}), CONFIG_KEY: engine_switches(settings)}

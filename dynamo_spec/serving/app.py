@@ -21,10 +21,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
 from dynamo_spec.engine.host import on_cpu
+from dynamo_spec.learning import capture, draft_admin
 from dynamo_spec.serving import budget_monitor, guard
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.serving.draft_caps import TenantDraftCaps
 from dynamo_spec.serving.draft_caps import unavailable as draft_caps_unavailable
+from dynamo_spec.serving.dry_fields import DryFields
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
 from dynamo_spec.serving.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
 from dynamo_spec.serving.metrics import DynamoSpecMetrics
@@ -64,12 +66,15 @@ def create_app(
     app.state.lifecycle = lifecycle
     app.state.engine = None
     app.state.background = []
+    app.state.dry_fields = DryFields(settings.sampling.dry.params())
     attach_models(app)
     attach_completion(app)
     attach_chat(app)
     app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=settings.server.api_key is not None,
                                     metrics=metrics))
     app.include_router(budget_monitor.router(enabled=budget_enabled(settings)))
+    app.include_router(draft_admin.router(settings, metrics))  # /admin/draft: the live draft swap
+    capture.attach(app, settings)  # learning.capture: app.state.capture, /admin/learning/captures
 
     @app.get("/live")
     async def live() -> Response:
@@ -101,7 +106,7 @@ def create_app(
     # Middleware: the last added is the outermost. Order of a request: metrics, API key, admission.
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics,
                        tenant_caps=TenantDraftCaps.from_settings(settings),
-                       caps_unavailable=draft_caps_unavailable(on_cpu()))
+                       caps_unavailable=draft_caps_unavailable(on_cpu()), dry=app.state.dry_fields)
     if settings.server.api_key is not None:
         guarded = ("/v1", "/admin", "/metrics") if settings.server.metrics_require_api_key else ("/v1", "/admin")
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)
@@ -117,9 +122,11 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
     client = MeteredEngineClient(engine, metrics) if metrics is not None else engine
+    client = capture.capturing(client, app.state.capture)  # the client itself when capture is off
     # Sets app.state.engine_client (the metered client) and vLLM's serving objects.
     await init_app_state(client, app.state, app.state.args, supported_tasks=await engine.get_supported_tasks())
     app.state.engine = engine
+    app.state.dry_fields.unavailable = dry_unavailable(engine)
     app.state.background += [
         asyncio.create_task(_watchdog(engine, on_engine_dead)),
         asyncio.create_task(log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
@@ -129,6 +136,16 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
     if metrics is not None and budget_enabled(settings):
         app.state.background.append(asyncio.create_task(budget_monitor.poll(engine, metrics)))
     app.state.lifecycle.set_phase(Phase.READY)
+
+
+def dry_unavailable(engine: Any) -> str | None:
+    """Why ``engine`` cannot apply DRY (its path, or its patch off on this vLLM), or None."""
+    from dynamo_spec.engine import features, paths
+    from dynamo_spec.vllm_patches import unapplied
+
+    config = getattr(engine, "vllm_config", None)
+    path = paths.from_vllm_config(config) if config is not None else None
+    return features.unavailable(features.DRY, path, unapplied(on_cpu()))
 
 
 def guard_enabled(settings: Settings) -> bool:

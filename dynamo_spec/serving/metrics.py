@@ -72,6 +72,11 @@ class SpecDecodeWindow:
         with self._lock:
             self._steps.append((self._clock(), drafts, draft_tokens, accepted, tuple(accepted_per_pos)))
 
+    def restart(self) -> None:
+        """Forget every step: the window holds only what comes after (a draft swap)."""
+        with self._lock:
+            self._steps.clear()
+
     def totals(self) -> WindowTotals:
         horizon = self._clock() - self.seconds
         totals = WindowTotals(accepted_per_pos=[0] * self.num_positions)
@@ -246,6 +251,13 @@ class DynamoSpecMetrics:
             registry=registry,
         )
         info.labels(model, draft_model, method, str(num_speculative_tokens), version).set(1)
+        # PromQL (acceptance by served draft): dynamo_spec_mean_acceptance_length * on(model) group_left(version)
+        #   dynamo_spec_draft_info
+        self.draft_info = Gauge(
+            "dynamo_spec_draft_info",
+            "The draft being served, by directory and version (value 1; replaced when POST /admin/draft swaps it).",
+            ["model", "path", "version"], registry=registry,
+        )
 
         # Cumulative counters: rate() over any window. Mirrors vllm:spec_decode_*_total.
         self.drafts = Counter("dynamo_spec_drafts", "Drafts verified by the target.", ["model"], registry=registry)
@@ -348,6 +360,13 @@ class DynamoSpecMetrics:
                 pass
 
         return SpecDecodeStatLogger
+
+    def record_draft(self, path: str, version: str) -> None:
+        """The draft now served (at start, and after each swap): its info series, and acceptance
+        windows that restart so that they hold only its steps. Counters run on."""
+        self.draft_info.clear()
+        self.draft_info.labels(self.model, path, version).set(1)
+        self.window.restart()
 
     def record_guard(self, snapshot: dict | None) -> None:
         """The speculation guard's latest snapshot (None: no guard)."""

@@ -31,6 +31,7 @@ def test_gpu_default_mirrors_the_dynamo_guide(repo_root):
             "draft_tensor_parallel_size": 1,
         },
         "per_request_spec_decode_metrics": "summary",
+        "worker_extension_cls": "dynamo_spec.learning.swap.DraftSwapExtension",  # the live draft swap
         # this project's switches of the engine (engine_switches): the guide's, no guard, no budget
         "additional_config": {"dynamo_spec": {"draft_penalties": True, "guard": None, "draft_budget": None,
                                               "draft_confidence": False}},
@@ -71,6 +72,7 @@ def test_cpu_default(repo_root, flags, dtype, schedule):
             "disable_eagle_block_drop": True,
         },
         "per_request_spec_decode_metrics": "summary",
+        "worker_extension_cls": "dynamo_spec.learning.swap.DraftSwapExtension",  # the live draft swap
         # the guard on with the settings' defaults (config/settings.py GuardSettings), no budget
         "additional_config": {"dynamo_spec": {
             "draft_penalties": True, "draft_budget": None, "draft_confidence": False,

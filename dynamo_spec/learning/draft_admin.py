@@ -1,0 +1,69 @@
+"""``/admin/draft``: which draft the engine serves (GET), and a swap to another one (POST
+``{"path": DIR}``) without a restart; posting the previous path rolls back. The work is in
+``swap.py``; the API-key check guards ``/admin`` when ``server.api_key`` is set.
+
+Answers: 200 with the served draft (path, version, when loaded, gate figures, the previous one);
+400 naming every problem of a draft the engine cannot load (the served draft stays); 404 without
+an EAGLE-3 draft; 501 where the engine's runner cannot swap (Model Runner V2); 503 while loading.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.engine import features, paths
+from dynamo_spec.engine.host import on_cpu
+from dynamo_spec.learning.swap import DraftSwapper, SwapRefused
+from dynamo_spec.serving.admission import openai_error
+from dynamo_spec.serving.metrics import DynamoSpecMetrics
+
+logger = logging.getLogger("dynamo_spec.learning.draft_admin")
+
+ROUTE = "/admin/draft"
+
+
+def router(settings: Settings, metrics: DynamoSpecMetrics | None) -> APIRouter:
+    r = APIRouter()
+    enabled = features.DRAFT_SWAP.enabled(settings)
+    swapper = DraftSwapper(settings, metrics, started_at=time.time()) if enabled else None
+
+    def off() -> Response:
+        return openai_error(404, "No EAGLE-3 draft is served (speculative.enabled with method eagle3 serves one)",
+                            "NotFoundError")
+
+    @r.get(ROUTE)
+    async def read() -> Response:
+        """The served draft: path, version, when loaded, its gate figures; and the one before it."""
+        if swapper is None:
+            return off()
+        return JSONResponse(swapper.state())
+
+    @r.post(ROUTE)
+    async def swap(request: Request) -> Response:
+        """Load the draft in {"path": DIR} into the running engine; requests in flight go on."""
+        if swapper is None:
+            return off()
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        path = body.get("path") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not path:
+            return openai_error(400, "'path' must be a draft's directory (a string)", "BadRequestError", "path")
+        engine = request.app.state.engine
+        if engine is None:
+            return openai_error(503, "The engine is not ready", "ServiceUnavailableError")
+        if why := features.unavailable(features.DRAFT_SWAP, paths.from_vllm_config(engine.vllm_config), ()):
+            return openai_error(501, f"{features.DRAFT_SWAP.setting}: {why}", "NotImplementedError")
+        try:
+            return JSONResponse(await swapper.swap(engine, path, on_cpu()))
+        except SwapRefused as exc:
+            logger.warning("Draft swap refused, %s stays: %s", swapper.served.path, exc)
+            return openai_error(400, f"{exc} (still serving {swapper.served.path})", "BadRequestError", "path")
+
+    return r
