@@ -62,10 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.set_defaults(func=cmd_prepare_default)
 
     from dynamo_spec.bench import command as bench
+    from dynamo_spec.learning import command as learning_cli
     from dynamo_spec.training import commands as training_cli
     from dynamo_spec.training import sampling_eval, verify
 
     bench.register(sub)
+    learning_cli.register(sub)
 
     training_cli.register(sub)
     verify.register(sub)

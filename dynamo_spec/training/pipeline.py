@@ -51,11 +51,14 @@ class PipelineConfig:
     draft_vocab: int = _opt(DRAFT_VOCAB, "draft vocabulary size (the most frequent answer tokens)")
     draft_format: str = _opt(DRAFT_FORMAT, "config.json of the written draft: vllm (LlamaForCausalLMEagle3) or speculators "
                              "(vLLM's speculators library's format; the same weights)", choices=("vllm", "speculators"))
-    # the target's compute dtype for answers and states (both generators); bf16 is the
-    # serving dtype, fp32 is about 1.7x faster in the decoder on a CPU without bf16 units
-    dtype: str = _opt("bfloat16", "the target's dtype in transformers (the decoder's answers and states, the "
-                      "self-prompts, vllm's states pass); bfloat16 is the serving dtype",
-                      choices=("bfloat16", "float32"))
+    # what the target's pass in transformers (answers and states) and the training loop compute in;
+    # auto follows the host as serving does (precision.py): bf16 on a CPU without bf16 units is emulated, slow
+    dtype: str = _opt("auto", "what the target's passes in transformers (the decoder's answers and states, the "
+                      "self-prompts, vllm's states pass) and the training loop compute in; auto: bfloat16 where the "
+                      "CPU has native bf16 (AVX512-BF16, AMX), else float32, as serving's engine.dtype auto",
+                      choices=("auto", "bfloat16", "float32"))
+    keep_vocab: bool = _opt(False, "with --init-from: keep that draft's vocabulary (lm_head, d2t) and config, so "
+                            "the new draft loads in its place, instead of choosing the vocabulary from these rows")
     generator: str = _opt("vllm", "vllm: vLLM answers at a large batch, then a prefill pass for the states "
                           "(the faster); decoder: one transformers pass keeps the hidden states while it decodes",
                           choices=("vllm", "decoder"))
@@ -102,6 +105,8 @@ class PipelineConfig:
             raise ValueError(f"--{'second-turns' if self.second_turns else 'answer-sampling'} needs --generator vllm")
         if self.corpus is None and (self.add_round or self.rounds):
             raise ValueError(f"--{'add-round' if self.add_round else 'rounds'} needs --corpus (the corpus folder)")
+        if self.keep_vocab and self.init_from is None:
+            raise ValueError("--keep-vocab keeps the vocabulary of --init-from: set it")
 
 
 def _timed(cfg: PipelineConfig, name: str, fn, *args, **kwargs):
@@ -195,11 +200,15 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     train on its rounds; with ``add_round`` too, generate first and add a round."""
     from .corpus import corpus_states
     from .hidden_states import load_shards
+    from .precision import training_dtype
     from .self_prompts import SOURCE
     from .train import TrainConfig, train
 
     work = cfg.work_dir
     work.mkdir(parents=True, exist_ok=True)
+    asked = cfg.dtype
+    cfg.dtype, why = training_dtype(asked)
+    logger.info("computing in %s (%s: %s)", cfg.dtype, asked, why)
     corpus = None
     if cfg.corpus is None or cfg.add_round:
         _generate(cfg)
@@ -226,11 +235,12 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     tcfg = TrainConfig(seed=cfg.seed, steps=cfg.steps,
                        minutes=None if cfg.steps else cfg.minutes,
                        aux_layers=tuple(cfg.aux_layers), draft_vocab=cfg.draft_vocab,
-                       init_from=cfg.init_from, draft_format=cfg.draft_format)
+                       init_from=cfg.init_from, keep_vocab=cfg.keep_vocab, draft_format=cfg.draft_format,
+                       dtype=cfg.dtype)
     summary = _timed(cfg, "train", train, cfg.target, seqs, cfg.out, work / "checkpoint.pt",
                      tcfg, eos_id)
     summary.update({"timings_s": cfg.timings, "sources": sources,
-                    "answer_sequences": len(seqs)})
+                    "answer_sequences": len(seqs), "dtype": {"asked": asked, "used": cfg.dtype, "why": why}})
     if corpus is not None:
         summary["corpus"] = corpus
     (work / "training_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -1,10 +1,12 @@
-"""The training loop: packed rows, AdamW with fp32 master weights under bf16 autocast,
-a tqdm bar, a checkpoint every ``ckpt_every`` steps (re-running resumes from it), and
+"""The training loop: packed rows, AdamW with fp32 master weights, computed in the host's
+dtype (bf16 autocast where the CPU has native bf16, else fp32: ``precision.py``), a tqdm
+bar, a checkpoint every ``ckpt_every`` steps (re-running resumes from it), and
 deterministic batches given the seed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -46,9 +48,15 @@ class TrainConfig:
     # matters when data is scarce.
     train_lm_head: bool = False
     # warm start: a draft directory whose fc / decoder layer / norm weights replace the
-    # random init (the lm_head and d2t still follow this run's draft vocabulary)
+    # random init (the lm_head and d2t still follow this run's draft vocabulary) ...
     init_from: Path | None = None
+    # ... unless keep_vocab: then the draft keeps that draft's vocabulary (lm_head, d2t, t2d)
+    # and its config.json (shape, aux layers), so a server serving it can load the result in
+    # its place; draft_vocab and aux_layers are then that draft's.
+    keep_vocab: bool = False
     draft_format: str = DRAFT_FORMAT
+    # what the loop computes in: bfloat16 (autocast) or float32 (precision.training_dtype)
+    dtype: str = "bfloat16"
 
 
 def load_target_tensors(target: Path) -> dict:
@@ -126,7 +134,56 @@ def batch_at(seqs, train_idx, step: int, cfg: TrainConfig, cache: dict) -> list[
         epoch += 1
 
 
+def compute(dtype: str):
+    """The context the draft's forward runs in: bf16 autocast, or plain fp32."""
+    if dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    raise ValueError(f"training dtype must be bfloat16 or float32, not {dtype!r}")
+
+
+def step_loss(draft, embed, batch: dict, cfg: TrainConfig):
+    """The TTT loss of one batch, computed in ``cfg.dtype``."""
+    with compute(cfg.dtype):
+        return ttt_loss(draft, embed, batch, cfg.ttt_steps)
+
+
+VOCAB_BOUND = ("lm_head.weight", "d2t", "t2d")  # tensors that follow the draft vocabulary
+
+
+def _kept_vocab_draft(init: Path):
+    """A draft with the config.json and vocabulary of ``init`` (every tensor loaded): the
+    warm start of a draft that must stay loadable in place of ``init``."""
+    from ..config.eagle3_format import UNTRAINED_KEY, is_speculators, vllm_view
+
+    written = json.loads((Path(init) / "config.json").read_text())
+    dcfg = {k: v for k, v in written.items() if k != UNTRAINED_KEY}  # it is being trained now
+    view = vllm_view(dcfg) if is_speculators(dcfg) else dcfg
+    state = load_file(str(Path(init) / "model.safetensors"))
+    draft = Eagle3Draft(view)
+    keep = {k: v.float() if v.is_floating_point() else v for k, v in state.items() if k != "t2d"}
+    missing, unexpected = draft.load_state_dict(keep, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{init}: not a draft this code trains (missing {missing}, unexpected {unexpected})")
+    d2t_ids = (torch.arange(draft.d2t.numel()) + draft.d2t).tolist()
+    logger.info("initialised from %s, its vocabulary kept (%d ids)", init, len(d2t_ids))
+    return draft, dcfg, d2t_ids
+
+
+def _kept_tensors(init: Path) -> dict:
+    """The vocabulary tensors of ``init`` the draft module does not hold (``t2d``), saved as they are."""
+    with safe_open(str(Path(init) / "model.safetensors"), "pt") as f:
+        return {"t2d": f.get_tensor("t2d")} if "t2d" in f.keys() else {}  # noqa: SIM118 - not a mapping
+
+
 def build_draft(target: Path, seqs: list[dict], cfg: TrainConfig, eos_id: int):
+    """The draft to train, its config.json, its vocabulary (target ids) and the target's embedding."""
+    if cfg.keep_vocab:
+        if not cfg.init_from:
+            raise ValueError("keep_vocab keeps the vocabulary of init_from: set init_from")
+        draft, dcfg, d2t_ids = _kept_vocab_draft(cfg.init_from)
+        return draft, dcfg, d2t_ids, load_target_tensors(target)["model.embed_tokens.weight"]
     target_cfg = json.loads((Path(target) / "config.json").read_text())
     dcfg = draft_config(target_cfg, cfg.aux_layers, cfg.draft_vocab)
     answer_tokens = (s["input_ids"][s["prompt_len"]:].tolist() for s in seqs)
@@ -141,7 +198,7 @@ def build_draft(target: Path, seqs: list[dict], cfg: TrainConfig, eos_id: int):
         draft.d2t.copy_(d2t_from_ids(d2t_ids))
     if cfg.init_from:
         init = load_file(str(Path(cfg.init_from) / "model.safetensors"))
-        vocab_bound = {"lm_head.weight", "d2t", "t2d"}  # rebuilt for this run's vocabulary
+        vocab_bound = set(VOCAB_BOUND)  # rebuilt for this run's vocabulary
         keep = {k: v.float() for k, v in init.items() if k not in vocab_bound}
         missing, unexpected = draft.load_state_dict(keep, strict=False)
         if unexpected or set(missing) - vocab_bound:
@@ -155,18 +212,17 @@ def build_draft(target: Path, seqs: list[dict], cfg: TrainConfig, eos_id: int):
 def evaluate(draft, embed, seqs, idx, cfg, embed_draft) -> list[float]:
     rows = pack_rows(seqs, list(idx), cfg.row_tokens)
     accs = []
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        for row in rows:
-            _, a, _ = ttt_loss(draft, embed, make_batch(seqs, row, cfg.row_tokens, embed_draft),
-                               cfg.ttt_steps)
-            accs.append(a)
+    for row in rows:
+        _, a, _ = step_loss(draft, embed, make_batch(seqs, row, cfg.row_tokens, embed_draft), cfg)
+        accs.append(a)
     return [sum(a[j] for a in accs) / max(1, len(accs)) for j in range(cfg.ttt_steps)]
 
 
 def save_draft(draft: Eagle3Draft, dcfg: dict, out_dir: Path, *, draft_format: str = "vllm",
-               target: Path | None = None) -> None:
+               target: Path | None = None, extra: dict | None = None) -> None:
     """Weights and config.json; ``draft_format`` "speculators" writes the config in vLLM's
-    speculators format (the same weights; vLLM 0.32 loads both)."""
+    speculators format (the same weights; vLLM 0.32 loads both). ``extra``: tensors saved as
+    given beside the draft's (a kept vocabulary's ``t2d``)."""
     if draft_format == "speculators":
         if target is None:
             raise ValueError("the speculators format names its verifier: pass the target")
@@ -177,6 +233,7 @@ def save_draft(draft: Eagle3Draft, dcfg: dict, out_dir: Path, *, draft_format: s
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype)
              .contiguous() for k, v in draft.state_dict().items()}
+    state.update(extra or {})
     save_file(state, str(out_dir / "model.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
 
@@ -188,6 +245,9 @@ def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: T
         raise ValueError("no answered sequences to train on")
     torch.manual_seed(cfg.seed)
     draft, dcfg, d2t_ids, embed = build_draft(target, seqs, cfg, eos_id)
+    # a kept vocabulary keeps its t2d too, and the config.json as that draft wrote it, whatever its format
+    extra = _kept_tensors(cfg.init_from) if cfg.keep_vocab else None
+    draft_format = "vllm" if cfg.keep_vocab else cfg.draft_format
     embed_draft = embed[d2t_ids]
     draft.lm_head.weight.requires_grad_(cfg.train_lm_head)
     idx = list(range(len(seqs)))
@@ -211,8 +271,7 @@ def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: T
             g["lr"] = lr_at(step, total or 10**9, cfg)
         batch = make_batch(seqs, batch_at(seqs, train_idx, step, cfg, cache), cfg.row_tokens,
                            embed_draft)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, accs, _ = ttt_loss(draft, embed, batch, cfg.ttt_steps)
+        loss, accs, _ = step_loss(draft, embed, batch, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -231,10 +290,11 @@ def train(target: Path, seqs: list[dict], out_dir: Path, ckpt_path: Path, cfg: T
     bar.close()
     train_seconds = time.monotonic() - t0
     val = evaluate(draft, embed, seqs, val_idx, cfg, embed_draft)
-    save_draft(draft, dcfg, out_dir, draft_format=cfg.draft_format, target=target)
+    save_draft(draft, dcfg, out_dir, draft_format=draft_format, target=target, extra=extra)
     n_tokens = sum(len(seqs[i]["input_ids"]) for i in train_idx)
     summary = {"steps": step, "train_seconds": round(train_seconds), "train_sequences":
                len(train_idx), "train_tokens": n_tokens, "val_sequences": len(val_idx),
-               "val_accuracy_per_step": [round(a, 4) for a in val], "config": asdict(cfg)}
+               "val_accuracy_per_step": [round(a, 4) for a in val], "dtype": cfg.dtype,
+               "config": asdict(cfg)}
     logger.info("training done: %s", summary)
     return summary

@@ -363,3 +363,73 @@ def test_target_checksum_is_the_weights_and_config_not_the_place(tmp_path):
     (target / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="weight files"):
         target_checksum(target)
+
+
+def test_training_dtype_follows_the_host_as_serving_does():
+    from dynamo_spec.engine.host import Host
+    from dynamo_spec.training.precision import training_dtype
+
+    def host(flags, **environ):
+        return Host(on_cpu=True, cpu_model="x", cpu_flags=frozenset(flags), environ=environ)
+
+    assert training_dtype("auto", host({"avx2", "fma"}))[0] == "float32"  # AVX2 only: bf16 would be emulated
+    assert training_dtype("auto", host({"avx512f", "avx512_bf16"}))[0] == "bfloat16"
+    assert training_dtype("auto", host({"amx_bf16"}, ATEN_CPU_CAPABILITY="avx2"))[0] == "float32"
+    assert training_dtype("bfloat16", host({"avx2"})) == ("bfloat16", "as asked")
+    with pytest.raises(ValueError, match="dtype"):
+        training_dtype("float16")
+
+
+def test_train_draft_computes_in_the_host_dtype_by_default():
+    from dynamo_spec.training.pipeline import PipelineConfig
+
+    assert PipelineConfig(target="t", out="o").dtype == "auto"  # resolved by precision.training_dtype
+
+
+def test_a_training_step_in_float32_has_no_bf16_autocast():
+    from dynamo_spec.training.train import step_loss
+
+    draft = toy_draft()
+    seq = toy_seq(24, 4, seed=0)
+    embed = torch.randn(100, 32)
+    batch = make_batch([seq], [0], 64, embed[:16])
+    fp32, _, _ = step_loss(draft, embed, batch, TrainConfig(dtype="float32"))
+    plain, _, _ = ttt_loss(draft, embed, batch, 3)
+    bf16, _, _ = step_loss(draft, embed, batch, TrainConfig(dtype="bfloat16"))
+    assert fp32.dtype == torch.float32 and torch.equal(fp32, plain)  # bit for bit: nothing cast to bf16
+    assert not torch.equal(bf16, plain)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        step_loss(draft, embed, batch, TrainConfig(dtype="float16"))
+
+
+def test_a_warm_start_that_keeps_the_vocabulary_keeps_it_exactly(tmp_path):
+    """A learn cycle's warm start: lm_head, d2t and t2d as the served draft has them, byte for byte, its
+    config.json as it is, so the new draft loads in its place; fc and the layer trained."""
+    from safetensors.torch import load_file, save_file
+
+    from dynamo_spec.training.train import train
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(TARGET))
+    save_file({"model.embed_tokens.weight": torch.randn(100, 32), "model.norm.weight": torch.ones(32)},
+              str(target / "model.safetensors"))
+    served = toy_draft(seed=1)
+    with torch.no_grad():
+        served.d2t.copy_(torch.arange(16) * 5)  # draft id i -> target id 6 i: not what these rows would choose
+    cfg = {**draft_config(TARGET, (1, 3, 4), 16), "fixture": "kept as written"}
+    t2d = torch.zeros(100, dtype=torch.bool)
+    t2d[torch.arange(16) * 6] = True
+    save_draft(served, cfg, tmp_path / "served", extra={"t2d": t2d})
+    seqs = [toy_seq(40, 5, seed=s) for s in range(4)]
+    run = TrainConfig(steps=2, draft_vocab=8, aux_layers=(1, 3, 4), init_from=tmp_path / "served", keep_vocab=True,
+                      dtype="float32", val_sequences=0)
+    train(target, seqs, tmp_path / "new", tmp_path / "ck.pt", run, eos_id=0)
+    old, new = load_file(str(tmp_path / "served" / "model.safetensors")), load_file(str(tmp_path / "new" / "model.safetensors"))
+    assert set(new) == set(old)
+    for name in ("lm_head.weight", "d2t", "t2d"):
+        assert new[name].dtype == old[name].dtype and torch.equal(new[name], old[name]), name
+    assert not torch.equal(new["fc.weight"], old["fc.weight"])
+    assert json.loads((tmp_path / "new" / "config.json").read_text()) == cfg
+    with pytest.raises(ValueError, match="init_from"):
+        train(target, seqs, tmp_path / "x", tmp_path / "x.pt", TrainConfig(keep_vocab=True), eos_id=0)
