@@ -402,6 +402,13 @@ class Settings(BaseSettings):
             raise ValueError("learning.tenants: tenants are named by a request header: set metrics.tenant_header")
         return self
 
+    @model_validator(mode="after")
+    def _no_automatic_learning_yet(self) -> Settings:
+        if self.learning.auto:
+            raise ValueError("learning.auto: automatic learn cycles are not built yet: run `dynamo-spec learn-draft "
+                             "--config FILE` (e.g. from a CronJob) and POST /admin/draft the version it promotes")
+        return self
+
     @property
     def served_model_name(self) -> str:
         return self.server.served_model_name or self.engine.model
