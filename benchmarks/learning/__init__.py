@@ -1,0 +1,1 @@
+"""Application traffic for ``benchmarks.learning_cycle`` (``traffic.py`` writes and reads it)."""
