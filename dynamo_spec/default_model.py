@@ -32,15 +32,16 @@ DEFAULT_ROPE_THETA = 100000.0  # SmolLM2-135M's rope base; the GGUF also records
 MARKER = ".dynamo_spec_complete"
 # The sampling the model's authors recommend (the "How to use" example of the
 # HuggingFaceTB/SmolLM2-135M-Instruct model card: temperature=0.2, top_p=0.9, do_sample=True;
-# the upstream generation_config.json carries none), plus a presence penalty: without one answers
-# loop, and a repetition penalty (the default until this one) breaks lists and counts, which must
-# repeat words of the prompt (the choice and its evidence: `dynamo-spec eval-sampling`,
-# models/smollm2-135m-instruct-eagle3/README.md, "Sampling defaults"). repetition_penalty 1.0
-# replaces the old 1.1 in a model converted before. Written into the converted model's
+# the upstream generation_config.json carries none), plus a small presence penalty beside the CPU
+# config's DRY (sampling.dry): without them answers loop, and a repetition penalty breaks lists and
+# counts, which must repeat words of the prompt (the choice and its evidence: `dynamo-spec
+# eval-sampling`, models/smollm2-135m-instruct-eagle3/README.md, "Sampling defaults").
+# repetition_penalty 1.0 replaces the old 1.1, presence_penalty 0.3 the old 0.8, in a model
+# converted before. Written into the converted model's
 # generation_config.json, whose values vLLM applies to each sampling field a request leaves unset; a
 # value the user changes there stays (ensure_sampling_defaults).
 SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9,
-                     "repetition_penalty": 1.0, "presence_penalty": 0.8}
+                     "repetition_penalty": 1.0, "presence_penalty": 0.3}
 
 
 def _is_complete(path: Path) -> bool:
@@ -126,7 +127,7 @@ FROM_MODEL = "_from_model_config"
 # equals its record was set by the user, and stays.
 SAMPLING_RECORD = ".dynamo_spec_sampling.json"
 # What earlier versions wrote, before the record: in a file without one, these values are ours too.
-EARLIER_DEFAULTS = {"repetition_penalty": (1.1,)}
+EARLIER_DEFAULTS = {"repetition_penalty": (1.1,), "presence_penalty": (0.8,)}
 
 
 def _whose(key: str, value, record: dict | None) -> str:

@@ -34,6 +34,9 @@ class Feature:
     needs_v1_runner: bool = False
     needs_sync: bool = False
     automatic: bool = False
+    on_request: bool = False  # an admin action: refused when asked (``unavailable``), never at start
+    # settings under which the patch leaves some or all of the work to vLLM on any path: where, or None
+    bypassed: Callable[[Settings], str | None] | None = None
 
 
 def _on(settings: Settings, flag: Callable[[object], bool]) -> bool:
@@ -56,11 +59,39 @@ DRAFT_BUDGET = Feature("confidence draft budget", "speculative.draft_budget",
 ZERO_DRAFT_STEPS = Feature("cheap k=0 steps", "(always on)", lambda s: s.speculative.enabled,
                            "the V1 runner's sampler and draft pass; the scheduler part runs on both",
                            patches=("zero_draft_steps",), needs_v1_runner=True, automatic=True)
+
+
+PENALISED_METHODS = ("eagle", "eagle3", "mtp", "draft_model")  # drafted by the proposer's greedy sample
+
+
+def _draft_penalties_bypassed(settings: Settings) -> str | None:
+    """Where vLLM drafts by other means than the greedy sample the patch penalises."""
+    spec, extra = settings.speculative, settings.speculative.extra
+    if spec.method not in PENALISED_METHODS:
+        return f"for speculative.method '{spec.method}' (its drafts come from no draft logits)"
+    if extra.get("use_heterogeneous_vocab"):
+        return "for a draft with another vocabulary (speculative.extra.use_heterogeneous_vocab)"
+    if extra.get("parallel_drafting"):
+        return "for parallel drafting (speculative.extra.parallel_drafting: no draft before the next)"
+    if extra.get("draft_sample_method") == "probabilistic" and extra.get("rejection_sample_method",
+                                                                         "standard") == "standard":
+        return ("in steps with a sampled request (speculative.extra.draft_sample_method: probabilistic "
+                "samples those from the draft's own distribution)")
+    return None
+
+
 DRAFT_PENALTIES = Feature("draft-side penalties", "speculative.draft_penalties",
                           lambda s: _on(s, lambda spec: spec.draft_penalties),
                           "the V1 EAGLE proposer's greedy sample", patches=("draft_penalties",),
-                          needs_v1_runner=True, automatic=True)
-FEATURES = (BATCH_SCHEDULE, DRAFT_CAPS, GUARD, DRAFT_BUDGET, ZERO_DRAFT_STEPS, DRAFT_PENALTIES)
+                          needs_v1_runner=True, automatic=True, bypassed=_draft_penalties_bypassed)
+DRY = Feature("DRY repetition control", "sampling.dry",
+              lambda s: s.sampling.dry.multiplier > 0 and s.sampling.dry.penalty_last_n != 0,
+              "the V1 runner's sampler and rejection sampler, at every sampled and verified position (per "
+              "request; the server's default from the setting)", patches=("dry",), needs_v1_runner=True,
+              needs_sync=True)
+DRAFT_SWAP = Feature("live draft swap", "POST /admin/draft", lambda s: _on(s, lambda spec: spec.method == "eagle3"),
+                     "the V1 EAGLE proposer", needs_v1_runner=True, on_request=True)  # dynamo_spec/learning/swap.py
+FEATURES = (BATCH_SCHEDULE, DRAFT_CAPS, GUARD, DRAFT_BUDGET, ZERO_DRAFT_STEPS, DRAFT_PENALTIES, DRY, DRAFT_SWAP)
 
 
 def missing(feature: Feature, path: EnginePath) -> list[str]:
@@ -76,6 +107,16 @@ def missing(feature: Feature, path: EnginePath) -> list[str]:
 def unpatched(feature: Feature, unapplied: Sequence[Patch]) -> Patch | None:
     """A patch ``feature`` needs that stays off on this vLLM (so the feature would do nothing), or None."""
     return next((p for p in unapplied if p.module in feature.patches), None)
+
+
+def unavailable(feature: Feature, path: EnginePath | None, unapplied: Sequence[Patch]) -> str | None:
+    """Why an engine on ``path`` (None: not known) cannot apply ``feature`` for a request that asks
+    for it, or None."""
+    if patch := unpatched(feature, unapplied):
+        return why_off(patch)
+    if path is not None and (lacks := missing(feature, path)):
+        return f"the {feature.name} acts in {feature.where}; it needs {' and '.join(lacks)}, and this engine runs {path}"
+    return None
 
 
 def why_off(patch: Patch) -> str:
@@ -102,7 +143,7 @@ def refusals(settings: Settings, path: EnginePath | None, unapplied: Sequence[Pa
             problems.append(Problem(level, f"{why_off(patch)}; without it {patch.without}: {_fix(patch)}, or set "
                                            "engine.allow_unpatched_vllm: true to serve anyway"))
     for feature in FEATURES:
-        if feature.automatic or not feature.enabled(settings):
+        if feature.automatic or feature.on_request or not feature.enabled(settings):
             continue
         if patch := unpatched(feature, unapplied):
             problems.append(Problem("error", f"{feature.setting}: {why_off(patch)}, so it would do nothing: "
@@ -124,6 +165,8 @@ def inactive(settings: Settings, path: EnginePath, unapplied: Sequence[Patch]) -
             lines.append(f"{feature.name}: inactive ({why_off(patch)}); vLLM's own way runs")
         elif lacks := missing(feature, path):
             lines.append(f"{feature.name}: inactive on {path} (needs {' and '.join(lacks)}); vLLM's own way runs")
+        elif feature.bypassed is not None and (where := feature.bypassed(settings)):
+            lines.append(f"{feature.name}: inactive {where}; vLLM's own way runs")
     return lines
 
 

@@ -159,6 +159,30 @@ def step_of(runner: Any, spec_decode_metadata: Any) -> DryStep | None:
     return DryStep(rows, batch.num_reqs, drafts)
 
 
+def draft_rows(runner: Any, sampled_token_ids: Any) -> list[DryRow] | None:
+    """For the draft (``draft_penalties``' propose call): each DRY request's row with the context the
+    target will see at the next verify, before the drafts. ``sampled_token_ids`` as vLLM hands it to
+    ``propose_draft_token_ids``: a tensor of sampled rows (placeholders -1 for rejected slots) where it
+    drafts before its bookkeeping adds them to the outputs, lists where it drafts after."""
+    step = step_of(runner, None)
+    if step is None:
+        return None
+    if not isinstance(sampled_token_ids, list):
+        accepted = sampled_token_ids.tolist()
+        for row in step.rows:
+            if row.index < len(accepted):
+                row.context = row.context + [t for t in accepted[row.index] if t != -1]
+    return step.rows
+
+
+def on_draft_logits(logits: Any, rows: list[DryRow], drafted: list[list[int]]) -> Any:
+    """DRY on the draft's logits for the next position: ``drafted`` holds the tokens chosen at the
+    positions before it (one list per position, a token per request)."""
+    targets = [(r.index, r, r.context + [position[r.index] for position in drafted])
+               for r in rows if r.index < logits.shape[0]]
+    return apply_to_logits(logits, targets) if targets else logits
+
+
 @functools.cache
 def _warn_async() -> None:
     logger.error("dynamo-spec: DRY needs synchronous scheduling (the answer so far is not final when an "

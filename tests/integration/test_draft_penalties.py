@@ -13,7 +13,10 @@ every draft position (``build_preference_draft``, whole target vocabulary), so:
 - draft-side off: it proposes token 20 at every position, accepted only where the target chooses 20
   (:func:`acceptance_drafting`: exact counts, fewer for every penalised request here);
 - no penalty: every draft is accepted either way; the output is the target's in all cases.
-The requests run in one batch per engine (penalties are per request): two engines in all.
+The draft-side-on engine runs with ``use_local_argmax_reduction`` as the CPU default ships it (the patch
+builds the full logits there); a third drafts after vLLM's bookkeeping (``disable_padded_drafter_batch``:
+the output lists already hold the step's tokens, which must count once, or the frequency request's drafts
+go wrong). The requests run in one batch per engine (penalties are per request): three engines in all.
 """
 
 from __future__ import annotations
@@ -92,7 +95,15 @@ def preference_models(tmp_path_factory):
     return target, build_preference_draft(root / "draft", target, PREFERENCES)
 
 
-def generate(models, draft_penalties: bool) -> dict[str, tuple[list[int], dict]]:
+# engine: (draft-side penalties, speculative.extra)
+ENGINES = {
+    "draft-side off": (False, {}),
+    "draft-side on": (True, {"use_local_argmax_reduction": True}),
+    "draft-side on, drafting after the bookkeeping": (True, {"disable_padded_drafter_batch": True}),
+}
+
+
+def generate(models, draft_penalties: bool, speculative_extra: dict) -> dict[str, tuple[list[int], dict]]:
     """The requests together in one engine: each one's tokens and speculative figures."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -101,7 +112,8 @@ def generate(models, draft_penalties: bool) -> dict[str, tuple[list[int], dict]]
 
     target, draft = models
     with offline_llm(target, draft=draft, k=K, max_model_len=256, kv_cache_bytes=64 << 20,
-                     max_num_seqs=8, draft_penalties=draft_penalties, per_request_spec_decode_metrics="summary",
+                     max_num_seqs=8, draft_penalties=draft_penalties, speculative_extra=speculative_extra,
+                     per_request_spec_decode_metrics="summary",
                      generation_config="vllm") as llm:
         prompts = [TokensPrompt(prompt_token_ids=prompt) for prompt, _ in REQUESTS.values()]
         params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **p)
@@ -113,7 +125,7 @@ def generate(models, draft_penalties: bool) -> dict[str, tuple[list[int], dict]]
 
 @pytest.fixture(scope="module")
 def runs(preference_models):
-    return {on: generate(preference_models, on) for on in (False, True)}
+    return {engine: generate(preference_models, *how) for engine, how in ENGINES.items()}
 
 
 def test_each_penalty_changes_the_targets_answer_and_the_plain_drafts_acceptance():
@@ -132,13 +144,13 @@ def test_each_penalty_changes_the_targets_answer_and_the_plain_drafts_acceptance
 
 @pytest.mark.parametrize("name", REQUESTS)
 def test_the_output_is_the_targets_whatever_the_draft_proposes(runs, name):
-    for on, results in runs.items():
-        assert results[name][0] == expected(name, on)[0], on
+    for engine, results in runs.items():
+        assert results[name][0] == expected(name, ENGINES[engine][0])[0], engine
 
 
 @pytest.mark.parametrize("name", REQUESTS)
-@pytest.mark.parametrize("on", [False, True], ids=["draft-side off", "draft-side on"])
-def test_acceptance_is_exactly_the_predicted_count(runs, on, name):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_acceptance_is_exactly_the_predicted_count(runs, engine, name):
     """On: every draft accepted, for each penalty. Off: only where the target's choice is token 20."""
-    stats = runs[on][name][1]
-    assert (stats["num_draft_tokens"], stats["num_accepted_draft_tokens"]) == expected(name, on)[1]
+    stats = runs[engine][name][1]
+    assert (stats["num_draft_tokens"], stats["num_accepted_draft_tokens"]) == expected(name, ENGINES[engine][0])[1]

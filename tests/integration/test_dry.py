@@ -5,9 +5,10 @@ The target's logits are the same at every position whatever the input (``build_p
 PREFERENCES for six tokens ('5'..'9' and ':', a default sequence breaker), 0.0 for the others, so
 greedy without DRY emits token 20 forever; under DRY each answer is what the reference gives step by
 step (:func:`reference_answer`). The draft's logits are the target's at every draft position
-(``build_preference_draft``), so the drafts are often wrong under DRY: the verified positions'
-DRY decides the output. Two engines (speculation on, k=3, and off) answer the same batches of 1, 4
-and 16 requests; a sampled batch is compared with the distribution DRY gives by definition.
+(``build_preference_draft``): drafting under the request's DRY with the same context, it proposes what
+the target verifies, every draft accepted (without the draft side it would propose token 20 where DRY
+pushed it off). Two engines (speculation on, k=3, and off) answer the same batches of 1, 4 and 16
+requests; a sampled batch is compared with the distribution DRY gives by definition.
 """
 
 from __future__ import annotations
@@ -153,6 +154,16 @@ def test_greedy_output_is_the_definitions(preference_models, runs, speculation, 
     target = preference_models[0]
     for (prompt, name), (tokens, _) in zip(batch(n), runs[speculation][n]):
         assert tokens == reference_answer(target, prompt, CONFIGS[name]), (name, prompt)
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_the_draft_drafts_under_dry_so_every_draft_is_accepted(runs, n):
+    """The draft's logits are the target's: drafting under the request's DRY with the same context
+    (answer, accepted tokens, drafts before), it proposes exactly what the target verifies. Without
+    the draft side, it would propose token 20 where DRY has pushed it off."""
+    for (_, name), (tokens, stats) in zip(batch(n), runs[True][n]):
+        assert stats["num_draft_tokens"] > 0, name
+        assert stats["num_accepted_draft_tokens"] == stats["num_draft_tokens"], (name, stats, tokens)
 
 
 def _favourites(answers) -> np.ndarray:

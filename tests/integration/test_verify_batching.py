@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from dynamo_spec.default_model import SAMPLING_DEFAULTS
+
 pytestmark = pytest.mark.integration
 
 WORDS = ["sea", "sky", "trees", "cats", "code", "rain", "bread", "sun", "snow", "salt", "glass", "maps",
@@ -19,7 +21,7 @@ BUDGET = {"enabled": True, "draft_token_cost": [[1, 0.0]], "min_observations": 2
 
 
 def target_with_the_shipped_penalty(tiny_models, tmp_path):
-    """The tiny target with the sampling defaults prepare-default writes (presence penalty 0.8):
+    """The tiny target with the sampling defaults prepare-default writes (its presence penalty):
     verify's greedy requests take its penalty, and the draft drafts under it (draft_penalties)."""
     import shutil
 
@@ -62,7 +64,7 @@ def batched(tiny_models, tmp_path_factory):
 
 def test_verify_under_batching_a_schedule_and_a_penalty_finds_outputs_identical(batched):
     """On the tiny pair the outputs must be identical, not merely near-ties."""
-    assert "greedy, presence_penalty 0.8" in batched, batched[-2000:]
+    assert f"greedy, presence_penalty {SAMPLING_DEFAULTS['presence_penalty']}" in batched, batched[-2000:]
     for n in (1, 4, 16):
         assert f"| {n} | k=3 | 16 | 0 | 0 |" in batched, batched[-2000:]
         assert f"| {n} | schedule {SCHEDULE} | 16 | 0 | 0 |" in batched, batched

@@ -54,7 +54,7 @@ def test_a_users_edit_survives_restarts_and_a_change_of_defaults(tmp_path, caplo
         assert changed is False
         assert read(tmp_path)["temperature"] == 0.7 and read(tmp_path)["presence_penalty"] == 0.0
     assert "temperature=0.7 (the user's, kept; ours: 0.2)" in line
-    assert "presence_penalty=0.0 (the user's, kept; ours: 0.8)" in line
+    assert f"presence_penalty=0.0 (the user's, kept; ours: {SAMPLING_DEFAULTS['presence_penalty']})" in line
     assert "top_p=0.9 (ours)" in line
     # Our defaults change: ours follow, the user's stay.
     monkeypatch.setitem(SAMPLING_DEFAULTS, "temperature", 0.3)
@@ -74,18 +74,20 @@ def test_a_missing_value_is_added_beside_the_users(tmp_path, caplog):
     changed, line = start(tmp_path, caplog)
     assert changed is True
     assert read(tmp_path) == {**edited, "top_p": 0.5, "presence_penalty": SAMPLING_DEFAULTS["presence_penalty"]}
-    assert "presence_penalty=0.8 (ours, added)" in line and "top_p=0.5 (the user's, kept; ours: 0.9)" in line
+    assert f"presence_penalty={SAMPLING_DEFAULTS['presence_penalty']} (ours, added)" in line
+    assert "top_p=0.5 (the user's, kept; ours: 0.9)" in line
 
 
 def test_a_file_still_as_written_follows_new_defaults(tmp_path, caplog, monkeypatch):
     write(tmp_path, CONVERTED)
     ensure_sampling_defaults(tmp_path)
+    was = SAMPLING_DEFAULTS["presence_penalty"]
     monkeypatch.setitem(SAMPLING_DEFAULTS, "presence_penalty", 0.5)
     monkeypatch.setitem(SAMPLING_DEFAULTS, "repetition_penalty", 1.05)
     changed, line = start(tmp_path, caplog)
     assert changed is True
     assert read(tmp_path) == {**CONVERTED, **SAMPLING_DEFAULTS, "_from_model_config": False}
-    assert "presence_penalty=0.5 (ours, was 0.8)" in line and "repetition_penalty=1.05 (ours, was 1.0)" in line
+    assert f"presence_penalty=0.5 (ours, was {was})" in line and "repetition_penalty=1.05 (ours, was 1.0)" in line
     assert "(the user's" not in line
 
 
@@ -98,7 +100,8 @@ def test_a_file_from_before_the_record_keeps_the_users_values_only(tmp_path, cap
     changed, line = start(tmp_path, caplog)
     assert changed is True
     assert read(tmp_path) == {**old, **SAMPLING_DEFAULTS}
-    assert "repetition_penalty=1.0 (ours, was 1.1)" in line and "presence_penalty=0.8 (ours, added)" in line
+    assert "repetition_penalty=1.0 (ours, was 1.1)" in line
+    assert f"presence_penalty={SAMPLING_DEFAULTS['presence_penalty']} (ours, added)" in line
 
     (tmp_path / "other").mkdir()
     write(tmp_path / "other", {**old, "temperature": 0.6})

@@ -436,11 +436,16 @@ def _penalty_draft_logits() -> Any:
     return logits
 
 
-def _penalised_drafts(metadata: Any, logits: Any) -> tuple[list[list[int]], list[Any]]:
-    """The patch's penalised greedy sampling over one propose call: per position the drafts and the logits."""
+def _penalised_drafts(metadata: Any, logits: Any, sampled: Any = None) -> tuple[list[list[int]], list[Any]]:
+    """The patch's penalised greedy sampling over one propose call: per position the drafts and the logits.
+    ``sampled``: this step's tokens as vLLM hands them to the drafter (default: the padded batch's tensor of
+    sampled rows, placeholders in the rejected slots)."""
+    import torch
+
     from dynamo_spec.vllm_patches import draft_penalties as dp
 
-    sampled = [row[2] for row in PENALTY_BATCH]
+    if sampled is None:
+        sampled = torch.tensor([row[2] for row in PENALTY_BATCH])
     context = dp.PenaltyContext(metadata, dp.accepted_outputs(metadata, sampled), vocab_size=PENALTY_VOCAB)
     drafts, penalised = [], []
     for position in logits:
@@ -450,26 +455,47 @@ def _penalised_drafts(metadata: Any, logits: Any) -> tuple[list[list[int]], list
     return drafts, penalised
 
 
-def test_the_draft_chooses_what_vllms_verify_will_choose_under_the_penalties():
+def _accepted(row: list[int]) -> list[int]:
+    return [t for t in row if t != -1]
+
+
+def _drafted_before_bookkeeping() -> tuple[list[list[int]], Any]:
+    """vLLM's default (the padded drafter batch): the output lists without this step's tokens, which come
+    as the sampled rows' tensor."""
+    import torch
+
+    return [list(row[1]) for row in PENALTY_BATCH], torch.tensor([row[2] for row in PENALTY_BATCH])
+
+
+def _drafted_after_bookkeeping() -> tuple[list[list[int]], Any]:
+    """``disable_padded_drafter_batch``: the bookkeeping (``_bookkeeping_sync``) has already appended this
+    step's tokens to the output lists, and the drafter gets the lists of valid tokens."""
+    return [list(row[1]) + _accepted(row[2]) for row in PENALTY_BATCH], [_accepted(row[2]) for row in PENALTY_BATCH]
+
+
+@pytest.mark.parametrize("when", [_drafted_before_bookkeeping, _drafted_after_bookkeeping],
+                         ids=["padded drafter batch", "disable_padded_drafter_batch"])
+def test_the_draft_chooses_what_vllms_verify_will_choose_under_the_penalties(when):
     """The patch's penalised greedy draft, position by position, against vLLM's rejection sampler verifying
     those drafts at the next step on the same logits: its penalties (RejectionSampler.apply_logits_processors:
     prompt, output so far with this step's accepted tokens, and the drafts before each position), then greedy,
     choose every draft (all accepted), with the same penalised logits. Each penalty changes the argmax here, so
-    drafting without the penalties fails this."""
+    drafting without the penalties fails this; so does counting this step's tokens twice where vLLM drafts
+    after its bookkeeping (the frequency request's logits differ)."""
     import torch
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
     logits = _penalty_draft_logits()
-    before = [list(row[1]) for row in PENALTY_BATCH]  # the runner's output lists when the drafter runs
-    drafts, penalised = _penalised_drafts(_penalty_metadata(before), logits)
+    outputs, sampled = when()  # the runner's output lists when the drafter runs, and this step's tokens
+    drafts, penalised = _penalised_drafts(_penalty_metadata(outputs), logits, sampled)
 
     plain = logits.argmax(dim=-1).tolist()
     assert drafts == [row[:3] + [plain[j][3]] for j, row in enumerate(PENALTY_FRESH)]
     assert all(plain[j][i] != drafts[j][i] for j in range(PENALTY_K) for i in range(3))  # the penalties decide
 
     # The next step as vLLM verifies it: the outputs now hold the accepted tokens; the drafts are spec tokens.
-    after = [out + [t for t in row[2] if t != -1] for out, row in zip(before, PENALTY_BATCH)]
+    after = [list(row[1]) + _accepted(row[2]) for row in PENALTY_BATCH]
     per_request = [[drafts[j][i] for j in range(PENALTY_K)] for i in range(len(PENALTY_BATCH))]
     rows = logits.transpose(0, 1).reshape(-1, PENALTY_VOCAB)  # request-major, as the target's verify rows
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
@@ -479,7 +505,54 @@ def test_the_draft_chooses_what_vllms_verify_will_choose_under_the_penalties():
         rows.clone(), _penalty_metadata(after, spec_token_ids=per_request), verify)
     assert target.argmax(dim=-1).view(len(PENALTY_BATCH), PENALTY_K).tolist() == per_request
     ours = torch.stack(penalised).transpose(0, 1).reshape(-1, PENALTY_VOCAB)
-    torch.testing.assert_close(ours, target)
+    torch.testing.assert_close(ours, target, rtol=0, atol=0)  # vLLM's own arithmetic: the same values
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_penalised_logits_are_vllms_to_the_bit_on_random_batches(dtype):
+    """Counts built once per call and only the entries a penalty can change: at every position the same
+    logits as vLLM's apply_all_penalties over the prompt, the outputs (placeholders among them) and the drafts
+    before it, for random batches mixing the three penalties (some rows neutral), logits of both signs, -inf
+    entries (an EAGLE-3 draft's tokens outside its vocabulary) and repeated tokens."""
+    import torch
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.ops.penalties import apply_all_penalties
+
+    from dynamo_spec.vllm_patches import draft_penalties as dp
+
+    vocab, rows, k = 300, 6, 4
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        prompts = [torch.randint(0, 40, (int(n),), generator=g).tolist() for n in torch.randint(1, 30, (rows,), generator=g)]
+        outputs = [torch.randint(0, 40, (int(n),), generator=g).tolist() + [-1] * (i % 2)
+                   for i, n in enumerate(torch.randint(0, 30, (rows,), generator=g))]
+        kinds = torch.rand(3, rows, generator=g) < 0.6
+        presence = torch.where(kinds[0], torch.rand(rows, generator=g) * 2 - 0.5, 0.0)
+        frequency = torch.where(kinds[1], torch.rand(rows, generator=g) * 2 - 0.5, 0.0)
+        repetition = torch.where(kinds[2], torch.rand(rows, generator=g) + 0.5, 1.0)
+        width = max(map(len, prompts))
+        prompt_ids = torch.tensor([p + [vocab] * (width - len(p)) for p in prompts])
+        metadata = SamplingMetadata(
+            temperature=None, all_greedy=True, all_random=False, top_p=None, top_k=None, generators={},
+            max_num_logprobs=None, no_penalties=False, prompt_token_ids=prompt_ids, presence_penalties=presence,
+            frequency_penalties=frequency, repetition_penalties=repetition, output_token_ids=outputs,
+            allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+        context = dp.PenaltyContext(metadata, [list(o) for o in outputs], vocab)
+        drafted: list[list[int]] = []
+        for _ in range(k):
+            logits = (torch.randn(rows, vocab, generator=g) * 3).to(getattr(torch, dtype))
+            logits[:, 200:] = float("-inf")
+            logits[:, :40] += 4.0  # the drafts come from the seen tokens, which then repeat
+            for i in range(rows):  # and often one the prompt, the outputs or a draft holds wins despite the penalty
+                seen = prompts[i] + [t for t in outputs[i] if t >= 0] + [d[i] for d in drafted]
+                logits[i, seen[int(torch.randint(0, len(seen), (1,), generator=g))]] += 20.0
+            want = apply_all_penalties(logits.clone(), prompt_ids, presence, frequency, repetition,
+                                       [o + [d[i] for d in drafted] for i, o in enumerate(outputs)])
+            ids, got = dp.penalized_argmax(logits.clone(), context)
+            assert torch.equal(got, want), seed
+            assert ids.tolist() == want.argmax(dim=-1).tolist()
+            drafted.append(ids.tolist())
 
 
 def test_without_penalties_the_draft_is_the_plain_argmax():
