@@ -26,12 +26,12 @@ def model(url: str) -> str:
     return requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
 
 
-def acceptance(url: str, rows: list[dict], max_tokens: int, concurrency: int) -> dict:
+def acceptance(url: str, rows: list[dict], max_tokens: int, concurrency: int, extra: dict | None = None) -> dict:
     name = model(url)
 
     def one(row: dict) -> dict:
         r = requests.post(f"{url}/v1/chat/completions", timeout=600, json={
-            "model": name, "messages": row["messages"], "max_tokens": max_tokens, "seed": 0})
+            "model": name, "messages": row["messages"], "max_tokens": max_tokens, "seed": 0, **(extra or {})})
         r.raise_for_status()
         return r.json()["metrics"]["speculative_decoding"]
 
@@ -43,12 +43,13 @@ def acceptance(url: str, rows: list[dict], max_tokens: int, concurrency: int) ->
             "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None}
 
 
-def stream_rate(url: str, name: str, messages: list, max_tokens: int, seed: int) -> tuple[int, float]:
+def stream_rate(url: str, name: str, messages: list, max_tokens: int, seed: int,
+                extra: dict | None = None) -> tuple[int, float]:
     t0 = time.perf_counter()
     tokens = 0
     with requests.post(f"{url}/v1/chat/completions", timeout=600, stream=True, json={
             "model": name, "messages": messages, "max_tokens": max_tokens, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}) as r:
+            "stream_options": {"include_usage": True}, **(extra or {})}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith(b"data: {"):
@@ -58,7 +59,7 @@ def stream_rate(url: str, name: str, messages: list, max_tokens: int, seed: int)
     return tokens, time.perf_counter() - t0
 
 
-def speedup(spec: str, plain: str, rows: list[dict], max_tokens: int, rounds: int) -> dict:
+def speedup(spec: str, plain: str, rows: list[dict], max_tokens: int, rounds: int, extra: dict | None = None) -> dict:
     names = {spec: model(spec), plain: model(plain)}
     ratios = []
     for rnd in range(rounds):
@@ -66,7 +67,7 @@ def speedup(spec: str, plain: str, rows: list[dict], max_tokens: int, rounds: in
         for i, row in enumerate(rows):
             order = (spec, plain) if (i + rnd) % 2 == 0 else (plain, spec)
             for url in order:
-                n, s = stream_rate(url, names[url], row["messages"], max_tokens, seed=i)
+                n, s = stream_rate(url, names[url], row["messages"], max_tokens, seed=i, extra=extra)
                 totals[url][0] += n
                 totals[url][1] += s
         rate = {u: t[0] / t[1] for u, t in totals.items()}
@@ -85,13 +86,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--speed-prompts", type=int, default=12, help="everyday prompts timed per round")
     ap.add_argument("--skip-acceptance", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--extra", default="{}", help="JSON merged into each request (e.g. the old defaults)")
     args = ap.parse_args()
     rows = read_jsonl(EVERYDAY_EVAL)
     out = {}
     if not args.skip_acceptance:
-        out["everyday"] = acceptance(args.spec, rows, args.max_tokens, concurrency=4)
+        out["everyday"] = acceptance(args.spec, rows, args.max_tokens, concurrency=4, extra=json.loads(args.extra))
         print(json.dumps(out["everyday"]), flush=True)
-    out["one_client"] = speedup(args.spec, args.plain, rows[:args.speed_prompts], args.max_tokens, args.rounds)
+    if not args.skip_speed:
+        out["one_client"] = speedup(args.spec, args.plain, rows[:args.speed_prompts], args.max_tokens, args.rounds,
+                                    extra=json.loads(args.extra))
     print(json.dumps(out))
 
 
