@@ -123,7 +123,8 @@ def test_a_runner_drafts_under_the_penalties_unless_its_engine_turns_them_off(sw
     wrapped = dp._propose_draft_token_ids_keeping_outputs(
         lambda self, *args: contexts.append(self.drafter.__dict__.get(dp._CONTEXT_ATTR)))
     runner = SimpleNamespace(drafter=SimpleNamespace(), vllm_config=engine_config(**switches),
-                             model_config=SimpleNamespace(get_vocab_size=lambda: 16))
+                             model_config=SimpleNamespace(get_vocab_size=lambda: 16),
+                             input_batch=SimpleNamespace(req_ids=["r"], num_reqs=1), requests={})  # no DRY request
     metadata = SimpleNamespace(no_penalties=False, prompt_token_ids=torch.zeros(1, 2), output_token_ids=[[3]])
     wrapped(runner, SimpleNamespace(num_spec_tokens_to_schedule=3), torch.tensor([[4, -1]]), metadata)
     assert (contexts[0] is not None) == on
