@@ -113,25 +113,15 @@ def function_cost(rows: int, k: int, vocab: int, draft_vocab: int, context: int,
 # --------------------------------------------------------------------------- engine steps
 
 
-@contextlib.contextmanager
 def engine(config: Path, target: Path | None, on: bool, k: int, max_batch: int):
-    from vllm import LLM
-
-    from dynamo_spec.engine.args import engine_kwargs
-    from dynamo_spec.engine.process_env import prepare_engine_processes, temporary_vllm_dirs
+    """The config's engine with the draft-side penalties on or off and a fixed k (a context manager)."""
+    from dynamo_spec.training.offline_llm import llm_for
 
     overrides = ["--speculative.draft_penalties", str(on).lower(),
                  "--" + schedules.FIELD, json.dumps([[1, max_batch, k]])]
     if target is not None:
         overrides += ["--engine.model", str(target)]
-    settings = load_settings(config, overrides).settings
-    with temporary_vllm_dirs():
-        prepare_engine_processes(cpu_preload=settings.engine.cpu_preload)
-        llm = LLM(**engine_kwargs(settings))
-        try:
-            yield llm
-        finally:
-            llm.llm_engine.engine_core.shutdown()
+    return llm_for(load_settings(config, overrides).settings)
 
 
 def serve(llm, prompts: list[list[int]], max_tokens: int, tag: str) -> dict:

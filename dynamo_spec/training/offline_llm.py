@@ -49,6 +49,13 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
                      "guard": guard or {}, "draft_penalties": draft_penalties, "extra": speculative_extra or {}}
         if draft is not None else {"enabled": False},
     )
+    with llm_for(settings) as llm:
+        yield llm
+
+
+@contextlib.contextmanager
+def llm_for(settings: Settings):
+    """A ``vllm.LLM`` built from ``settings`` as the server builds its engine, always shut down."""
     with temporary_vllm_dirs():
         from vllm import LLM
 
