@@ -20,6 +20,9 @@ class Watch:
 
     def __init__(self, pid: int):
         self.pid, self.seen, self.shm = pid, {}, set()
+        # Registration files already there (from killed processes of earlier tests or runs):
+        # pids are reused on a long run, so one may carry the number of a process seen here.
+        self._before = {path: _identity(path) for path in glob.glob(os.path.join(SHM, "__KMP_REGISTERED_LIB_*"))}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -54,8 +57,19 @@ class Watch:
 
     def shm_left(self) -> list[str]:
         """Shared memory of the processes seen still in /dev/shm: files they mapped, and
-        Intel OpenMP's registration files (named by pid; removed at a normal exit)."""
+        Intel OpenMP's registration files (named by pid; removed at a normal exit), but not
+        a file that was there, unchanged, before the watch began."""
         left = {path for path in self.shm if os.path.exists(path)}
         for pid in list(self.seen):
-            left.update(glob.glob(os.path.join(SHM, f"__KMP_REGISTERED_LIB_{pid}_*")))
+            left.update(path for path in glob.glob(os.path.join(SHM, f"__KMP_REGISTERED_LIB_{pid}_*"))
+                        if self._before.get(path) is None or self._before[path] != _identity(path))
         return sorted(left)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(inode, modification time) of `path`, None when it is gone."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
