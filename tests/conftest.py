@@ -19,8 +19,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # folder (inherited by the engine's spawned processes and by servers we start).
     root = Path(tempfile.mkdtemp(prefix="dynamo-spec-tests-"))
     os.environ.update(vllm_dirs(root, offline=True))
+    share_model_infos(Path(os.environ["VLLM_CACHE_ROOT"]))
     config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
     take_own_share()  # before any engine starts: what the worker starts inherits it
+
+
+# What vLLM learns of a model class by importing it in a subprocess (8-9 s per architecture, two per
+# speculative engine, at every start that misses): keyed by vLLM's own source, written atomically, so
+# one folder serves every worker, the serial run and the launch script (the checkout's runtime cache).
+MODEL_INFOS = Path(__file__).resolve().parent.parent / ".cache" / "runtime" / "vllm" / "modelinfos"
+
+
+def share_model_infos(cache_root: Path) -> None:
+    MODEL_INFOS.mkdir(parents=True, exist_ok=True)
+    (cache_root / "modelinfos").symlink_to(MODEL_INFOS, target_is_directory=True)
 
 
 @pytest.fixture(scope="module")

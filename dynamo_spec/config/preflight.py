@@ -75,16 +75,9 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
         draft = _load(spec.model, "speculative.model", problems)
     if target is not None:
         problems += _check_target(target, on_cpu)
-    if draft is not None and eagle3_format.is_speculators(draft.config):
-        problems += _check_speculators(draft, target, spec.method)
-        draft = dataclasses.replace(draft, config=eagle3_format.vllm_view(draft.config))
-    if spec.enabled and spec.method in ("eagle", "eagle3") and draft is not None:
-        method_problems = _check_method(draft, spec.method)
-        problems += method_problems
-        if target is not None:
-            # With the wrong method, the EAGLE-3 layer checks would only repeat the same mistake.
-            eagle3 = spec.method == "eagle3" and not method_problems
-            problems += _check_pairing(target, draft, eagle3, spec.aux_hidden_state_layer_ids, on_cpu)
+    if draft is not None:
+        draft_problems, draft = check_draft(target, draft, spec.method, spec.aux_hidden_state_layer_ids, on_cpu)
+        problems += draft_problems
     if spec.enabled and spec.num_speculative_tokens_per_batch_size is not None:
         max_num_seqs = effective_max_num_seqs(settings, on_cpu)
         where = "engine.max_num_seqs" if settings.engine.max_num_seqs else "vLLM's default max_num_seqs here"
@@ -100,6 +93,32 @@ def run_preflight(settings: Settings, *, on_cpu: bool | None = None) -> list[Pro
     problems += check_tp_split(settings, target, draft)
     problems += _check_memory(settings, target, draft, on_cpu)
     return problems
+
+
+def load_checkpoint(ref: str, field: str, problems: list[Problem]) -> Checkpoint | None:
+    """A checkpoint's config.json and safetensors headers (local folder or the hub's cache), or None
+    with a problem naming `field`."""
+    return _load(ref, field, problems)
+
+
+def check_draft(target: Checkpoint | None, draft: Checkpoint, method: str, aux_layer_ids: list[int] | None,
+                on_cpu: bool) -> tuple[list[Problem], Checkpoint]:
+    """A draft against its method and target, from config.json and the safetensors headers only:
+    the speculators format's type and verifier, the method, then (EAGLE and EAGLE-3) hidden size,
+    vocabulary, ``d2t``, head size and aux layer ids. Preflight and the live swap
+    (``learning/swap.py``) both call it. Returns the problems and the draft in vLLM's view."""
+    problems: list[Problem] = []
+    if eagle3_format.is_speculators(draft.config):
+        problems += _check_speculators(draft, target, method)
+        draft = dataclasses.replace(draft, config=eagle3_format.vllm_view(draft.config))
+    if method in ("eagle", "eagle3"):
+        method_problems = _check_method(draft, method)
+        problems += method_problems
+        if target is not None:
+            # With the wrong method, the EAGLE-3 layer checks would only repeat the same mistake.
+            eagle3 = method == "eagle3" and not method_problems
+            problems += _check_pairing(target, draft, eagle3, aux_layer_ids, on_cpu)
+    return problems, draft
 
 
 VOCAB_PADDING = 64  # vLLM pads a vocabulary to a multiple of this before splitting it over ranks

@@ -340,18 +340,12 @@ def check_draft(settings: Any, served_config: dict[str, Any], path: str, on_cpu:
     if not directory.is_dir():
         return [f"{path} is not a directory"], []
     problems: list[Problem] = []
-    draft = preflight._load(str(directory), "path", problems)
-    target = preflight._load(settings.engine.model, "engine.model", problems)
+    draft = preflight.load_checkpoint(str(directory), "path", problems)
+    target = preflight.load_checkpoint(settings.engine.model, "engine.model", problems)
     if draft is None or target is None:
         return [p.message for p in problems], []
-    if eagle3_format.is_speculators(draft.config):
-        problems += preflight._check_speculators(draft, target, "eagle3")
-        draft = dataclasses.replace(draft, config=eagle3_format.vllm_view(draft.config))
-    method = preflight._check_method(draft, "eagle3")
-    problems += method
-    if not method:
-        problems += preflight._check_pairing(target, draft, True, settings.speculative.aux_hidden_state_layer_ids,
-                                             on_cpu)
+    found, draft = preflight.check_draft(target, draft, "eagle3", settings.speculative.aux_hidden_state_layer_ids, on_cpu)
+    problems += found
     errors = [p.message for p in problems if p.level == "error"]
     warnings = [p.message for p in problems if p.level == "warning"]
     if errors:

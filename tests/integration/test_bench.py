@@ -25,9 +25,9 @@ PROMPTS = ["What is the capital of France?", "Write a poem about the sea.", "def
            "Explain speculative decoding.", "Tell me a story about a cat."]
 
 
-def run_bench(tiny_models, work, ks: list[int], concurrency: list[int], *options: str):
+def run_bench(tiny_models, work, ks: list[int], concurrency: list[int], *options: str, configured=CONFIGURED):
     config = tiny_config(tiny_models["fixed_target"], tiny_models["partial_draft"], k=3,
-                         speculative={"num_speculative_tokens_per_batch_size": CONFIGURED})
+                         speculative={"num_speculative_tokens_per_batch_size": configured})
     config_path = work / "tiny.yaml"
     config_path.write_text(yaml.safe_dump(config))
     prompts = work / "prompts.jsonl"

@@ -2,7 +2,7 @@
 
 Fixed target + always-accepted draft, k=3: every drafted token is accepted, so the
 counters say exactly how many tokens were drafted. A lone request is a batch of 1;
-eight prompts in one completions request enter the engine together (a batch of 8).
+three or eight prompts in one completions request enter the engine together (a batch of 3 or 8).
 """
 
 from __future__ import annotations
@@ -30,29 +30,31 @@ def drafted_by(server: ServerProcess, prompt: str | list[str]) -> dict[str, floa
     return {key: after.get(key, 0) - before.get(key, 0) for key in ("drafts", "draft_tokens", "accepted")}
 
 
+# One server, three ranges: k=0 alone, k=3 for 2-4 requests, k=0 again from 5.
+SCHEDULE = [[1, 1, 0], [2, 4, K], [5, 128, 0]]
+
+
 @pytest.fixture(scope="module")
-def serve(tiny_models, tmp_path_factory):
-    def start(schedule: list[list[int]]) -> ServerProcess:
-        config = tiny_config(tiny_models["fixed_target"], tiny_models["always_draft"], k=K)
-        config["speculative"]["num_speculative_tokens_per_batch_size"] = schedule
-        return ServerProcess(config, tmp_path_factory.mktemp("schedule"))
-    return start
+def server(tiny_models, tmp_path_factory):
+    config = tiny_config(tiny_models["fixed_target"], tiny_models["always_draft"], k=K)
+    config["speculative"]["num_speculative_tokens_per_batch_size"] = SCHEDULE
+    with ServerProcess(config, tmp_path_factory.mktemp("schedule")) as srv:
+        yield srv
 
 
-def test_k0_for_batches_above_one(serve):
-    with serve([[1, 1, K], [2, 128, 0]]) as server:
-        lone = drafted_by(server, BATCH[0])
-        assert lone == {"drafts": STEPS, "draft_tokens": STEPS * K, "accepted": STEPS * K}  # k=3 at batch 1
-        batch = drafted_by(server, BATCH)
-        # At batch 8 nothing is drafted; only a step in which the batch was still filling
-        # (a lone request for a moment) may draft, far below the 8 x 6 drafts of k=3.
-        assert batch["drafts"] <= 2, batch
-        assert batch["accepted"] == batch["draft_tokens"]
+def test_k0_for_a_lone_request(server):
+    assert drafted_by(server, BATCH[0]) == {"drafts": 0, "draft_tokens": 0, "accepted": 0}
 
 
-def test_k0_for_a_lone_request(serve):
-    with serve([[1, 1, 0], [2, 128, K]]) as server:
-        assert drafted_by(server, BATCH[0]) == {"drafts": 0, "draft_tokens": 0, "accepted": 0}
-        batch = drafted_by(server, BATCH)
-        assert batch["draft_tokens"] >= 8 * (STEPS - 1) * K, batch  # k=3 once the batch has formed
-        assert batch["accepted"] == batch["draft_tokens"]
+def test_k3_for_a_batch_of_three(server):
+    batch = drafted_by(server, BATCH[:3])
+    assert batch["draft_tokens"] >= 3 * (STEPS - 1) * K, batch  # k=3 once the batch has formed
+    assert batch["draft_tokens"] <= 3 * STEPS * K and batch["accepted"] == batch["draft_tokens"]
+
+
+def test_k0_for_batches_above_four(server):
+    batch = drafted_by(server, BATCH)
+    # At batch 8 nothing is drafted; only a step in which the batch was still filling
+    # (2-4 requests for a moment) may draft, far below the 8 x 6 drafts of k=3.
+    assert batch["drafts"] <= 2 * 4, batch
+    assert batch["accepted"] == batch["draft_tokens"]
