@@ -42,11 +42,16 @@ def is_loopback(host: str) -> bool:
 
 
 def security_warnings(settings: Settings) -> list[str]:
+    warnings = []
     if settings.server.api_key is None and not is_loopback(settings.server.host):
-        return [(f"server.host is {settings.server.host} (reachable from other machines) and server.api_key is not "
-                 "set: anyone who reaches this port can use the model. Set server.api_key (or "
-                 "DYNAMO_SPEC_SERVER__API_KEY), or bind to 127.0.0.1.")]
-    return []
+        warnings.append(f"server.host is {settings.server.host} (reachable from other machines) and server.api_key is "
+                        "not set: anyone who reaches this port can use the model. Set server.api_key (or "
+                        "DYNAMO_SPEC_SERVER__API_KEY), or bind to 127.0.0.1.")
+    if settings.learning.capture and settings.server.api_key is None:
+        warnings.append(f"learning.capture is on and server.api_key is not set: the users' prompts and answers are "
+                        f"kept under {settings.learning.dir}, and /admin (erase them, swap the draft) is open to "
+                        "whoever reaches this port. Set server.api_key.")
+    return warnings
 
 
 class DrainingServer(uvicorn.Server):

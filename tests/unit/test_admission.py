@@ -84,6 +84,19 @@ def test_warns_when_reachable_without_a_key():
     assert security_warnings(settings(host="127.0.0.1")) == []
 
 
+def test_warns_when_capturing_without_a_key():
+    """Captures are the users' prompts and answers: without a key, /admin can erase them, and
+    whoever reaches even a loopback port can swap the draft."""
+    def settings(**server):
+        return Settings(engine={"model": "m"}, speculative={"enabled": False}, server=server,
+                        learning={"capture": True, "dir": "/srv/learning"})
+
+    [warning] = security_warnings(settings(host="127.0.0.1"))
+    assert "learning.capture" in warning and "/srv/learning" in warning and "server.api_key" in warning
+    assert security_warnings(settings(host="127.0.0.1", api_key="k")) == []
+    assert len(security_warnings(settings(host="0.0.0.0"))) == 2
+
+
 def test_key_never_shown_and_requests_not_logged_by_default():
     from dynamo_spec.engine.args import vllm_serving_args
 
