@@ -63,12 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dynamo_spec.bench import command as bench
     from dynamo_spec.learning import command as learning_cli
+    from dynamo_spec.learning import swap_draft
     from dynamo_spec.training import commands as training_cli
     from dynamo_spec.training import sampling_eval, verify
 
     bench.register(sub)
     learning_cli.register(sub)
-
+    swap_draft.register(sub)
     training_cli.register(sub)
     verify.register(sub)
     sampling_eval.register(sub)

@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # listed runs after these. Tests marked serial run after the workers, alone.
 LONGEST_FIRST = [
     "integration/test_bench.py", "integration/test_bench_one_at_a_time.py", "integration/test_learn_draft.py",
-    "integration/test_verify_batching.py",
+    "integration/test_learning_auto.py", "integration/test_verify_batching.py",
     "integration/test_eval_draft.py", "integration/test_lifecycle.py", "integration/test_compile_cache.py",
     "integration/test_verify.py", "e2e/test_launch.py", "integration/test_fixtures.py", "integration/test_dry.py",
     "integration/test_draft_swap.py", "integration/test_capture.py", "integration/test_zero_draft_steps.py",

@@ -342,11 +342,21 @@ class LearningSettings(_Section):
                             "served draft's by at least this.")
     max_loss: float = Field(0.05, ge=0, description="Gate: it may lose at most this on the everyday evaluation set.")
     threads: int | None = Field(None, ge=1, description="CPU threads a learn cycle may use; None: half the cores.")
-    auto: bool = Field(False, description="Run a learn cycle in a child process every every_tokens captured "
-                       "tokens and swap the draft when the gate promotes it.")
-    every_tokens: int = Field(200_000, ge=1, description="Captured tokens between automatic learn cycles.")
+    auto: bool = Field(False, description="Run a learn cycle (learn-draft) in a child process every every_tokens "
+                       "captured answer tokens and swap the draft when the gate promotes it (needs capture).")
+    every_tokens: int = Field(200_000, ge=1, description="Captured answer tokens (this server's) between automatic "
+                              "learn cycles.")
     max_in_flight: int = Field(4, ge=0, description="An automatic cycle starts only while fewer requests than this "
-                               "are in flight.")
+                               "are in flight (0: never).")
+    learn_args: list[str] = Field(default_factory=list, description="Extra options of each automatic cycle's "
+                                  "learn-draft, e.g. ['--steps', '200']; empty: its defaults.")
+
+    @field_validator("learn_args")
+    @classmethod
+    def _learn_args_leave_the_config(cls, value: list[str]) -> list[str]:
+        if any(a in ("--config", "-c") or a.startswith("--config=") for a in value):
+            raise ValueError("the server gives learn-draft its own settings: leave --config out")
+        return value
 
 
 class Settings(BaseSettings):
@@ -403,10 +413,16 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _no_automatic_learning_yet(self) -> Settings:
-        if self.learning.auto:
-            raise ValueError("learning.auto: automatic learn cycles are not built yet: run `dynamo-spec learn-draft "
-                             "--config FILE` (e.g. from a CronJob) and POST /admin/draft the version it promotes")
+    def _automatic_learning_has_captures_and_a_draft(self) -> Settings:
+        if not self.learning.auto:
+            return self
+        if not self.learning.capture:
+            raise ValueError("learning.auto: automatic cycles learn from the captured traffic: set learning.capture: "
+                             "true (or learning.auto: false)")
+        spec = self.speculative
+        if not (spec.enabled and spec.method == "eagle3" and spec.model):
+            raise ValueError("learning.auto: a cycle fine-tunes the served EAGLE-3 draft: set speculative.method "
+                             "eagle3 and speculative.model (or learning.auto: false)")
         return self
 
     @property

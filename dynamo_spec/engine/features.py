@@ -91,7 +91,11 @@ DRY = Feature("DRY repetition control", "sampling.dry",
               needs_sync=True)
 DRAFT_SWAP = Feature("live draft swap", "POST /admin/draft", lambda s: _on(s, lambda spec: spec.method == "eagle3"),
                      "the V1 EAGLE proposer", needs_v1_runner=True, on_request=True)  # dynamo_spec/learning/swap.py
-FEATURES = (BATCH_SCHEDULE, DRAFT_CAPS, GUARD, DRAFT_BUDGET, ZERO_DRAFT_STEPS, DRAFT_PENALTIES, DRY, DRAFT_SWAP)
+LEARNING_AUTO = Feature("automatic learn cycle", "learning.auto", lambda s: s.learning.auto,
+                        "a learn-draft child; its promoted draft swapped into the V1 EAGLE proposer",
+                        needs_v1_runner=True)  # dynamo_spec/learning/auto.py
+FEATURES = (BATCH_SCHEDULE, DRAFT_CAPS, GUARD, DRAFT_BUDGET, ZERO_DRAFT_STEPS, DRAFT_PENALTIES, DRY, DRAFT_SWAP,
+            LEARNING_AUTO)
 
 
 def missing(feature: Feature, path: EnginePath) -> list[str]:

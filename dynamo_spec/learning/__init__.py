@@ -6,4 +6,7 @@
 - gate: a new version is promoted only when it beats the served draft on held-out captures and
   holds the everyday set (``gate.py``);
 - swap: ``POST /admin/draft`` loads a draft into the running engine (``swap.py``, ``draft_admin.py``).
+- auto: ``learning.auto`` runs the cycles in the server and swaps what they promote (``auto.py``,
+  ``GET /admin/learning``: ``auto_admin.py``); replicas: ``dynamo-spec swap-draft`` (``swap_draft.py``)
+  after one learn job (``deploy/k8s/learning``).
 """

@@ -107,6 +107,7 @@ class Capture:
         self._thread: threading.Thread | None = None
         self._refused: str | None = None  # why rows are not written (captures of another target)
         self._last_enforce = 0.0
+        self.answer_tokens = 0  # answer tokens written since the start (learning.auto's count, auto.py)
 
     @classmethod
     def from_settings(cls, settings: Any) -> Capture | None:
@@ -161,6 +162,7 @@ class Capture:
             try:
                 if rows:
                     self.store.append(rows)
+                    self.answer_tokens += sum(len(r["answer_ids"]) for r in rows)
                     if self._refused:
                         logger.info("Capture: writing rows again")
                     self._refused = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -27,43 +28,65 @@ logger = logging.getLogger("dynamo_spec.learning.draft_admin")
 ROUTE = "/admin/draft"
 
 
-def router(settings: Settings, metrics: DynamoSpecMetrics | None) -> APIRouter:
-    r = APIRouter()
-    enabled = features.DRAFT_SWAP.enabled(settings)
-    swapper = DraftSwapper(settings, metrics, started_at=time.time()) if enabled else None
+class Unavailable(Exception):
+    """No swap is possible now (404 no EAGLE-3 draft, 503 no engine yet, 501 Model Runner V2)."""
 
-    def off() -> Response:
-        return openai_error(404, "No EAGLE-3 draft is served (speculative.enabled with method eagle3 serves one)",
-                            "NotFoundError")
+    def __init__(self, status: int, message: str, type_: str):
+        super().__init__(message)
+        self.status, self.message, self.type_ = status, message, type_
+
+
+def swapper_of(settings: Settings, metrics: DynamoSpecMetrics | None) -> DraftSwapper | None:
+    """What the engine serves and the way to change it; None without an EAGLE-3 draft."""
+    return DraftSwapper(settings, metrics, started_at=time.time()) if features.DRAFT_SWAP.enabled(settings) else None
+
+
+async def swap(swapper: DraftSwapper | None, engine: Any, path: str) -> dict[str, Any]:
+    """Swap the served draft for the one in ``path``: the one way, for ``POST /admin/draft`` and
+    ``learning.auto`` (``auto.py``). Raises :class:`Unavailable`, or ``SwapRefused`` (the served
+    draft stays) naming every problem of the draft."""
+    if swapper is None:
+        raise Unavailable(404, "No EAGLE-3 draft is served (speculative.enabled with method eagle3 serves one)",
+                          "NotFoundError")
+    if engine is None:
+        raise Unavailable(503, "The engine is not ready", "ServiceUnavailableError")
+    if why := features.unavailable(features.DRAFT_SWAP, paths.from_vllm_config(engine.vllm_config), ()):
+        raise Unavailable(501, f"{features.DRAFT_SWAP.setting}: {why}", "NotImplementedError")
+    try:
+        return await swapper.swap(engine, path, on_cpu())
+    except SwapRefused as exc:
+        logger.warning("Draft swap refused, %s stays: %s", swapper.served.path, exc)
+        raise
+
+
+def router(settings: Settings, metrics: DynamoSpecMetrics | None, swapper: DraftSwapper | None = None) -> APIRouter:
+    """The routes; ``swapper``: the app's (``learning.auto`` swaps through it too), else one of their own."""
+    r = APIRouter()
+    swapper = swapper or swapper_of(settings, metrics)
 
     @r.get(ROUTE)
     async def read() -> Response:
         """The served draft: path, version, when loaded, its gate figures; and the one before it."""
         if swapper is None:
-            return off()
+            return openai_error(404, "No EAGLE-3 draft is served (speculative.enabled with method eagle3 serves one)",
+                                "NotFoundError")
         return JSONResponse(swapper.state())
 
     @r.post(ROUTE)
-    async def swap(request: Request) -> Response:
+    async def post(request: Request) -> Response:
         """Load the draft in {"path": DIR} into the running engine; requests in flight go on."""
-        if swapper is None:
-            return off()
         try:
             body = await request.json()
         except ValueError:
             body = None
         path = body.get("path") if isinstance(body, dict) else None
-        if not isinstance(path, str) or not path:
+        if swapper is not None and (not isinstance(path, str) or not path):
             return openai_error(400, "'path' must be a draft's directory (a string)", "BadRequestError", "path")
-        engine = request.app.state.engine
-        if engine is None:
-            return openai_error(503, "The engine is not ready", "ServiceUnavailableError")
-        if why := features.unavailable(features.DRAFT_SWAP, paths.from_vllm_config(engine.vllm_config), ()):
-            return openai_error(501, f"{features.DRAFT_SWAP.setting}: {why}", "NotImplementedError")
         try:
-            return JSONResponse(await swapper.swap(engine, path, on_cpu()))
+            return JSONResponse(await swap(swapper, request.app.state.engine, path))
+        except Unavailable as exc:
+            return openai_error(exc.status, exc.message, exc.type_)
         except SwapRefused as exc:
-            logger.warning("Draft swap refused, %s stays: %s", swapper.served.path, exc)
             return openai_error(400, f"{exc} (still serving {swapper.served.path})", "BadRequestError", "path")
 
     return r

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
 from dynamo_spec.engine.host import on_cpu
-from dynamo_spec.learning import capture, draft_admin
+from dynamo_spec.learning import auto, capture, draft_admin
 from dynamo_spec.serving import budget_monitor, guard
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.serving.draft_caps import TenantDraftCaps
@@ -73,8 +73,10 @@ def create_app(
     app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=settings.server.api_key is not None,
                                     metrics=metrics))
     app.include_router(budget_monitor.router(enabled=budget_enabled(settings)))
-    app.include_router(draft_admin.router(settings, metrics))  # /admin/draft: the live draft swap
+    swapper = draft_admin.swapper_of(settings, metrics)
+    app.include_router(draft_admin.router(settings, metrics, swapper))  # /admin/draft: the live draft swap
     capture.attach(app, settings)  # learning.capture: app.state.capture, /admin/learning/captures
+    auto.attach(app, settings, swapper)  # learning.auto: its cycles swap through swapper; /admin/learning
 
     @app.get("/live")
     async def live() -> Response:

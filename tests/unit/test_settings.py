@@ -194,12 +194,3 @@ def test_check_does_not_import_vllm(tmp_path, write_config):
               "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch'}))")
     result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
-
-
-def test_automatic_learning_is_refused_until_it_exists() -> None:
-    from pydantic import ValidationError
-
-    from dynamo_spec.config.settings import Settings
-
-    with pytest.raises(ValidationError, match="learning.auto: automatic learn cycles are not built yet"):
-        Settings(engine={"model": "m"}, speculative={"enabled": False}, learning={"auto": True})
