@@ -1,7 +1,7 @@
 """What capture (``learning.capture``) costs, measured through the server.
 
     python -m benchmarks.capture_cost --config configs/smollm2-135m-instruct-eagle3-cpu.yaml \
-        [--concurrency 1,16] [--rounds 4] [--max-tokens 64]
+        [--concurrency 1,16] [--rounds 4] [--max-tokens 64] [--capture-first]
     python -m benchmarks.capture_cost --tiny [--rounds 2]    # the tiny test fixtures: a quick try
     python -m benchmarks.capture_cost --hook [--prompt 512 --answer 256]   # the capture's own CPU time, no server
 
@@ -116,6 +116,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("runs/capture-cost"))
+    parser.add_argument("--capture-first", action="store_true",
+                        help="start and measure the capture-on server first (a difference that follows the order "
+                        "is the order's, not the capture's)")
     args = parser.parse_args()
     if args.hook:
         got = hook_cost(args.prompt, args.answer, repeats=200)
@@ -133,6 +136,8 @@ def main() -> None:
         "capture off": ({}, []),
         "capture on": ({}, ["--learning.capture", "true", "--learning.dir", str(learning)]),
     }
+    if args.capture_first:  # the same pair in the other order: what of a difference is the order's
+        plan = dict(reversed(plan.items()))
     cs = [int(c) for c in args.concurrency.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     results = interleave(config, plan, cs, args.rounds, args.max_tokens, args.out)
