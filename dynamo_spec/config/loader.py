@@ -142,7 +142,7 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[Path_, str]]:
         return {}, {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (server, engine, speculative, metrics)")
-    data = _resolve_relative_paths(data, path.parent.resolve())
+    data = resolve_relative_paths(data, path.parent.resolve())
     origin: dict[Path_, str] = {}
     _yaml_lines(node, (), path, origin)
     return data, origin
@@ -158,8 +158,8 @@ def _yaml_lines(node: yaml.Node, prefix: Path_, file: Path, out: dict[Path_, str
                 out[path] = f"{file}:{key.start_mark.line + 1}"
 
 
-def _resolve_relative_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Values starting with './' or '../' are paths relative to the YAML file."""
+def resolve_relative_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Values starting with './' or '../' are paths relative to `base` (a YAML file's folder)."""
 
     def fix(value: Any) -> Any:
         if isinstance(value, dict):

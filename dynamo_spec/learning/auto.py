@@ -65,18 +65,11 @@ def child_config(settings: Settings) -> str:
     """The server's resolved settings as YAML for ``learn-draft --config``, without the API key.
     Paths given as ``./x`` or ``../x`` (an override or variable; the loader resolves a file's
     against its folder) are made absolute against the working directory, as the server read them."""
-    def absolute(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: absolute(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [absolute(v) for v in value]
-        if isinstance(value, str) and value.startswith(("./", "../")):
-            return os.path.normpath(Path.cwd() / value)
-        return value
+    from dynamo_spec.config.loader import resolve_relative_paths
 
     data = settings.model_dump(mode="json", exclude={"server": {"api_key"}})
     return "# learning.auto: the server's settings for one learn cycle (removed when it ends)\n" + yaml.safe_dump(
-        absolute(data), sort_keys=False)
+        resolve_relative_paths(data, Path.cwd()), sort_keys=False)
 
 
 def child_env(environ: dict[str, str]) -> dict[str, str]:

@@ -21,42 +21,20 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dynamo_spec.learning.captures import CaptureStore
 from dynamo_spec.training.corpus import add_round, target_checksum
-from dynamo_spec.training.hidden_states import extract_hidden_states, load_shards
 from dynamo_spec.training.precision import training_dtype
 from dynamo_spec.training.rows import write_jsonl
-from dynamo_spec.training.train import TrainConfig, train
-from support.tiny_models import build_tiny_target
+from support.learning_world import AUX, build_tied_target, greedy_answers, train_served_draft
 
 pytestmark = pytest.mark.integration
 
-AUX = (1, 2, 3)
 SYSTEM = "You are the help desk of Lighthouse Books. Answer in two short lines."
 WORDS = ("cat", "dog", "sea", "sun", "tree", "city", "river", "book", "code", "list", "sort", "sum", "map", "file",
          "loop", "road", "bird", "rain", "snow", "star")
 OPTIONS = ["--steps", "30", "--lr", "1e-3", "--everyday-prompts", "4", "--max-tokens", "16"]
-
-
-def _answers(target: Path, conversations: list[list[dict]], new_tokens: int = 16) -> list[tuple[list[int], list[int]]]:
-    """The target's greedy answers (transformers, one left-padded batch)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
-               for c in conversations]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    answers = []
-    for p, a in zip(prompts, out[:, width:].tolist()):
-        answers.append((p, a[:a.index(tok.eos_token_id)] if tok.eos_token_id in a else a))
-    return answers
 
 
 @pytest.fixture(scope="module")
@@ -64,24 +42,18 @@ def world(tmp_path_factory):
     """A tied tiny target, a corpus round of its everyday answers, a draft trained one step on
     them (the served draft), and 40 answered requests of one application (to capture)."""
     root = tmp_path_factory.mktemp("learn")
-    target = build_tiny_target(root / "target")
-    weights = load_file(str(target / "model.safetensors"))
-    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
-    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    target = build_tied_target(root / "target")
 
     everyday = [[{"role": "user", "content": "Tell me about " + " and ".join(WORDS[i % 7:i % 7 + 3]) + f", take {i}."}]
                 for i in range(24)]
     app = [[{"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"order {i}: {WORDS[i % 20]} {WORDS[(3 * i) % 20]}?"}] for i in range(40)]
-    answered = _answers(target, everyday + app)
+    answered = greedy_answers(target, everyday + app, new_tokens=16)
     replay = [{"id": f"magpie-{i}", "source": "magpie", "round": None, "temperature": 0.0, "prompt_ids": p,
                "answer_ids": a} for i, (p, a) in enumerate(answered[:len(everyday)])]
     add_round(root / "data", replay, target, {"generator": "decoder", "dtype": "float32"})
     write_jsonl(root / "replay.jsonl", replay)
-    extract_hidden_states(target, root / "replay.jsonl", root / "replay-hidden", AUX, dtype="float32")
-    train(target, load_shards(root / "replay-hidden"), root / "served", root / "served.pt",
-          TrainConfig(steps=1, lr=1e-4, draft_vocab=128, aux_layers=AUX, dtype="float32", val_sequences=0),
-          eos_id=json.loads((target / "config.json").read_text())["eos_token_id"])
+    train_served_draft(target, root / "replay.jsonl", root / "served", AUX)
     rows = [{"id": f"req-{i}", "prompt_ids": p, "answer_ids": a} for i, (p, a) in enumerate(answered[len(everyday):])]
     return {"root": root, "target": target, "data": root / "data", "served": root / "served", "rows": rows,
             "checksum": target_checksum(target)}

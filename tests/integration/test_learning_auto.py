@@ -24,20 +24,15 @@ from pathlib import Path
 import openai
 import pytest
 import requests
-import torch
-from safetensors.torch import load_file, save_file
 
-from dynamo_spec.training.hidden_states import extract_hidden_states, load_shards
 from dynamo_spec.training.rows import write_jsonl
-from dynamo_spec.training.train import TrainConfig, train
+from support.learning_world import AUX, build_tied_target, greedy_answers, train_served_draft
 from support.server_process import ServerProcess, tiny_config
-from support.tiny_models import build_tiny_target
 
 pytestmark = pytest.mark.integration
 
 KEY = "auto-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-AUX = (1, 2, 3)
 SYSTEM = "You are the help desk of Lighthouse Books. Answer in two short lines."
 WORDS = ("cat", "dog", "sea", "sun", "tree", "city", "river", "book", "code", "list", "sort", "sum", "map", "file",
          "loop", "road", "bird", "rain", "snow", "star")
@@ -49,39 +44,18 @@ LEARN_ARGS = ["--steps", "30", "--lr", "1e-3", "--everyday-prompts", "4", "--max
 PROMPTS = ["What is the capital of France?", "Tell me about the sea.", "Hello!"]
 
 
-def _answers(target: Path, conversations: list[list[dict]]) -> list[tuple[list[int], list[int]]]:
-    """The target's greedy answers (transformers, one left-padded batch)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
-               for c in conversations]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=ANSWER_TOKENS, do_sample=False, pad_token_id=0)
-    return list(zip(prompts, out[:, width:].tolist()))
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tied tiny target and its served draft (trained one step on everyday answers), and two
     servers of them capturing into one learning.dir: ``auto`` (learning.auto on) and ``replica``."""
     root = tmp_path_factory.mktemp("auto")
-    target = build_tiny_target(root / "target")
-    weights = load_file(str(target / "model.safetensors"))
-    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
-    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    target = build_tied_target(root / "target")
     everyday = [[{"role": "user", "content": "Tell me about " + " and ".join(WORDS[i % 7:i % 7 + 3]) + f", take {i}."}]
                 for i in range(16)]
-    rows = [{"id": f"e-{i}", "prompt_ids": p, "answer_ids": a} for i, (p, a) in enumerate(_answers(target, everyday))]
+    rows = [{"id": f"e-{i}", "prompt_ids": p, "answer_ids": a} for i, (p, a) in enumerate(
+        greedy_answers(target, everyday, ANSWER_TOKENS, stop_at_eos=False))]
     write_jsonl(root / "everyday.jsonl", rows)
-    extract_hidden_states(target, root / "everyday.jsonl", root / "hidden", AUX, dtype="float32")
-    train(target, load_shards(root / "hidden"), root / "served", root / "served.pt",
-          TrainConfig(steps=1, lr=1e-4, draft_vocab=128, aux_layers=AUX, dtype="float32", val_sequences=0),
-          eos_id=json.loads((target / "config.json").read_text())["eos_token_id"])
+    train_served_draft(target, root / "everyday.jsonl", root / "served", AUX)
 
     learning = root / "learning"
 
