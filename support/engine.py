@@ -1,29 +1,28 @@
-"""A fresh in-process vLLM ``AsyncLLM`` for tests that look at engine outputs directly."""
+"""A fresh offline vLLM engine, in the test's own process, for tests that look at engine outputs directly."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from support.in_process import in_process_engines
 
-def generate_one_by_one(engine_args: Any, prompts: Sequence[str], params: Any) -> list[Any]:
-    """Each prompt in turn (one request at a time) in a fresh engine, always shut down after;
-    the final ``RequestOutput`` of each."""
-    from vllm.v1.engine.async_llm import AsyncLLM
 
-    async def run() -> list[Any]:
-        engine = AsyncLLM.from_engine_args(engine_args)
+def generate_one_by_one(engine_kwargs: dict[str, Any], prompts: Sequence[str], params: Any) -> list[Any]:
+    """Each prompt in turn (one request at a time) in a fresh ``vllm.LLM`` built from
+    ``engine_kwargs`` in this process (support/in_process.py), always shut down after; the final
+    ``RequestOutput`` of each."""
+    with in_process_engines():
+        from vllm import LLM
+
+        llm = LLM(**engine_kwargs)
         try:
             finals = []
-            for i, prompt in enumerate(prompts):
-                final = None
-                async for out in engine.generate(prompt, params, request_id=f"req-{i}"):
-                    final = out
-                assert final is not None and final.finished
+            for prompt in prompts:
+                (final,) = llm.generate([prompt], params, use_tqdm=False)
+                assert final.finished
                 finals.append(final)
             return finals
         finally:
-            engine.shutdown()
-
-    return asyncio.run(run())
+            llm.llm_engine.engine_core.shutdown()
+            del llm

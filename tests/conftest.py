@@ -99,6 +99,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_fixture_set(root)
 
 
+@pytest.fixture
+def engines_in_process():
+    """Offline vLLM engines the test builds run in this process (support/in_process.py)."""
+    from support.in_process import in_process_engines
+
+    with in_process_engines():
+        yield
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent

@@ -51,8 +51,10 @@ class CellResult:
         return sum(r.completion_tokens for r in self.completed)
 
 
-def request_body(item: dict[str, Any], model: str, max_tokens: int, temperature: float | None) -> dict[str, Any]:
-    """A streaming chat request; ``temperature`` None sends none (the model's defaults apply)."""
+def request_body(item: dict[str, Any], model: str, max_tokens: int, temperature: float | None,
+                 max_draft_tokens: int | None = None) -> dict[str, Any]:
+    """A streaming chat request; ``temperature`` None sends none (the model's defaults apply);
+    ``max_draft_tokens``: the request's cap on draft tokens (serving.draft_caps), None: none."""
     body = {
         "model": model,
         "messages": item["messages"],
@@ -62,6 +64,8 @@ def request_body(item: dict[str, Any], model: str, max_tokens: int, temperature:
     }
     if temperature is not None:
         body["temperature"] = temperature
+    if max_draft_tokens is not None:  # a field of vLLM's, not the openai client's: sent as an extra
+        body["extra_body"] = {"vllm_xargs": {"max_draft_tokens": max_draft_tokens}}
     return body
 
 
@@ -89,8 +93,9 @@ async def _one(client: Any, body: dict[str, Any], timeout: float) -> RequestResu
 
 async def run_cell(base_url: str, model: str, items: Sequence[dict[str, Any]], *, concurrency: int, requests: int,
                    max_tokens: int, temperature: float | None, api_key: str = "unused", timeout: float = 600,
-                   on_done: Callable[[], None] | None = None) -> CellResult:
-    """`requests` streaming chat requests (cycling over `items`), at most `concurrency` in flight."""
+                   on_done: Callable[[], None] | None = None, max_draft_tokens: int | None = None) -> CellResult:
+    """`requests` streaming chat requests (cycling over `items`), at most `concurrency` in flight,
+    each capped at `max_draft_tokens` draft tokens where that is set."""
     import httpx
     import openai
 
@@ -103,7 +108,7 @@ async def run_cell(base_url: str, model: str, items: Sequence[dict[str, Any]], *
         async def worker() -> None:
             while queue:
                 i = queue.pop(0)
-                body = request_body(items[i % len(items)], model, max_tokens, temperature)
+                body = request_body(items[i % len(items)], model, max_tokens, temperature, max_draft_tokens)
                 results[i] = await _one(client, body, timeout)
                 if on_done is not None:
                     on_done()

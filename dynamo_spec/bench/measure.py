@@ -40,11 +40,13 @@ def read_spec_counters(url: str) -> dict[str, float]:
 
 
 async def measure_round(url: str, model: str, items: Sequence[dict[str, Any]], c: int, options: BenchOptions,
-                        bar: tqdm) -> tuple[CellResult, dict[str, float]]:
-    """One round of a cell: its requests and how far the server's spec-decode counters grew."""
+                        bar: tqdm, max_draft_tokens: int | None = None) -> tuple[CellResult, dict[str, float]]:
+    """One round of a cell: its requests (each capped at `max_draft_tokens` draft tokens where set)
+    and how far the server's spec-decode counters grew."""
     before = read_spec_counters(url)
     cell = await run_cell(url, model, items, concurrency=c, requests=options.cell_requests(c),
-                          max_tokens=options.max_tokens, temperature=options.temperature, on_done=lambda: bar.update(1))
+                          max_tokens=options.max_tokens, temperature=options.temperature, on_done=lambda: bar.update(1),
+                          max_draft_tokens=max_draft_tokens)
     if "budget_offered" in before:  # the server polls the budget's counts from its engine: wait for the last step's
         await asyncio.sleep(2 * BUDGET_POLL_SECONDS)
     return cell, counter_delta(before, read_spec_counters(url))

@@ -16,6 +16,7 @@ beside it taking turns cell by cell, each speed-up against the k=0 cell measured
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,20 @@ def first_phase(ks: tuple[int, ...], max_batch: int) -> Group:
     if max(ks) > 0:
         group.append((SPEC_K0, overrides_for(max(ks), [[1, max_batch, 0]])))  # speculation on, never a draft
     return group
+
+
+def capped_first_phase(ks: tuple[int, ...], max_batch: int) -> tuple[Group, dict[str, int]]:
+    """The first phase's columns besides k=0 on one server (servers one at a time): the largest k,
+    as a batch-size schedule of that k everywhere, serves each smaller k and the speculative engine
+    at k=0 through each request's cap (``vllm_xargs.max_draft_tokens``: draft_admission lowers the
+    step's k to the largest cap in the batch, and a step without drafts takes the k=0 path), one
+    start instead of one per column. A schedule and not a fixed k: vLLM pads a fixed-k engine's
+    first decode step of a fully cached prompt with k drafts whatever the cap. The columns and
+    each one's cap."""
+    top = max(ks)
+    shared = overrides_for(top, [[1, max_batch, top]])
+    group = [(f"k={k}", shared) for k in ks if k] + [(SPEC_K0, shared)]
+    return group, {**{f"k={k}": k for k in ks if 0 < k < top}, SPEC_K0: 0}
 
 
 def derive(run: Runner, columns: Mapping[str, Column]) -> Derived:
@@ -119,10 +134,16 @@ def second_phase(run: Runner, derived: Derived) -> Group:
 
 
 async def one_at_a_time(run: Runner) -> Measured:
-    """One server at a time: k=0, the others, the schedule, the config's own, k=0 again (the noise)."""
-    first = [(BASELINE, overrides_for(0)), *first_phase(run.options.ks, run.plan.max_batch)]
+    """One server at a time: k=0, the others (the speculative columns on one server where caps
+    stand in for its k: `Plan.capped`), the schedule, the config's own, k=0 again (the noise)."""
+    ks, caps = run.options.ks, {}
+    if run.plan.capped and max(ks) > 0:
+        others, caps = capped_first_phase(ks, run.plan.max_batch)
+    else:
+        others = first_phase(ks, run.plan.max_batch)
+    first = [(BASELINE, overrides_for(0)), *others]
     run.grow(run.requests(len(first)) + run.requests(2, splits=1))
-    compared = Compared(await _each_alone(run, first, run.splits, {}))
+    compared = Compared(await _each_alone(run, first, run.splits, {}, caps))
     derived = derive(run, compared.columns)
     second = second_phase(run, derived)
     run.grow(run.requests(len(second) - 1, splits=1))
@@ -130,16 +151,21 @@ async def one_at_a_time(run: Runner) -> Measured:
     return compared, derived, Judged(columns)
 
 
-async def _each_alone(run: Runner, group: Group, splits: dict[str, Prompts],
-                      done: Mapping[str, Column]) -> dict[str, Column]:
-    """`group`'s servers one after another, each alone; bench.json saved after each (with `done`)."""
+async def _each_alone(run: Runner, group: Group, splits: dict[str, Prompts], done: Mapping[str, Column],
+                      caps: Mapping[str, int] | None = None) -> dict[str, Column]:
+    """`group`'s servers one after another, each alone (columns next to each other with the same
+    overrides: one server, taking turns, each column's requests capped as `caps` says); bench.json
+    saved after each server (with `done`)."""
+    caps = caps or {}
     columns: dict[str, Column] = {}
-    for name, overrides in group:
-        run.bar.set_description(f"start {name}")
-        with run.server(name, overrides) as server:
+    for overrides, shared in itertools.groupby(group, key=lambda column: column[1]):
+        names = [name for name, _ in shared]
+        run.bar.set_description(f"start {' + '.join(names)}")
+        with run.server(names[0], overrides) as server:
             await run.warm_up(server)
-            cells = await run.take_turns([(name, server)], splits)
-        columns[name] = Column(overrides, server.ready_after, cells[name])
+            cells = await run.take_turns([(name, server) for name in names], splits, caps=caps)
+        for name in names:
+            columns[name] = Column(overrides, server.ready_after, cells[name], max_draft_tokens=caps.get(name))
         run.checkpoint({**done, **columns})
     return columns
 
@@ -230,6 +256,17 @@ async def _beside(run: Runner, reference: ManagedServer, reference_name: str, se
 # --- a run from its config ---------------------------------------------------------
 
 
+def caps_stand_in(settings: Any, on_cpu: bool) -> bool:
+    """Whether per-request caps can serve the smaller k's columns on one server: the engine honours
+    them here (serving.draft_caps), and no engine-wide cap would carry one column's acceptance
+    into the next (the speculation guard, the confidence budget: then a server per column)."""
+    from dynamo_spec.serving.draft_caps import unavailable
+
+    spec = settings.speculative
+    return not spec.guard.enabled and not spec.draft_budget.enabled and unavailable(on_cpu) is None
+
+
+
 async def run_config(options: BenchOptions) -> int:
     """Servers started from --config: both phases, then bench.json, bench.md and the plots."""
     from dynamo_spec.config.loader import load_settings
@@ -243,7 +280,8 @@ async def run_config(options: BenchOptions) -> int:
     configured = schedules.for_engine(settings, dtype)[0] if settings.speculative.enabled else None
     derive, judge = split(prompt_sets)
     plan = Plan(model=settings.served_model_name, max_batch=effective_max_num_seqs(settings, host.on_cpu),
-                dtype=dtype, configured=schedules.as_lists(configured), derive=derive, judge=judge)
+                dtype=dtype, configured=schedules.as_lists(configured), derive=derive, judge=judge,
+                capped=caps_stand_in(settings, host.on_cpu))
     header = run_header(options, plan, settings, prompt_sets)
     # --together as given; else as many as memory holds on CPU, and one at a time on GPU,
     # where one server takes the device's memory

@@ -22,18 +22,23 @@ Cells = dict[str, dict[str, dict[str, Any]]]  # prompt split -> concurrency -> a
 
 @dataclass(frozen=True)
 class Column:
-    """One server's cells; `reference`: the k=0 cells measured alongside (servers side by side)."""
+    """One server's cells; `reference`: the k=0 cells measured alongside (servers side by side);
+    `max_draft_tokens`: each request's cap on draft tokens, where the column shares a server at a
+    larger k (servers one at a time)."""
 
     overrides: list[str]
     server_ready_s: float | None
     cells: Cells
     reference: Cells | None = None
+    max_draft_tokens: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"overrides": self.overrides, "server_ready_s": self.server_ready_s,
                                "cells": self.cells}
         if self.reference is not None:
             out["reference"] = self.reference
+        if self.max_draft_tokens is not None:
+            out["max_draft_tokens"] = self.max_draft_tokens
         return out
 
 

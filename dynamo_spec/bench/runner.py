@@ -38,6 +38,9 @@ class Plan:
     configured: list[list[int]] | None  # the config's own schedule for that dtype, or None
     derive: Prompts  # the prompts a schedule is derived from
     judge: Prompts  # and those it is judged on
+    # servers one at a time: the first phase's speculative columns on one server, each smaller k
+    # by a per-request cap (bench.phases.capped_first_phase); False where caps cannot stand in
+    capped: bool = False
 
 
 class Runner:
@@ -91,12 +94,15 @@ class Runner:
                        temperature=self.options.temperature)
 
     async def take_turns(self, turns: list[tuple[str, ManagedServer]], splits: dict[str, Prompts],
-                         on_cells: Callable[[dict[str, Cells]], None] | None = None) -> dict[str, Cells]:
+                         on_cells: Callable[[dict[str, Cells]], None] | None = None,
+                         caps: Mapping[str, int] | None = None) -> dict[str, Cells]:
         """Each concurrency and prompt split on each server in turn, --rounds times, always in the
         same order, so that (with two servers or more) every cell follows another server's: on a
         2-core VM a server's first cell after another's ran 3-9 % slower than one right after its
         own, and an order that reverses leaves some servers that cost and others not. `on_cells`
-        sees the cells so far after each concurrency and split."""
+        sees the cells so far after each concurrency and split. `caps`: the turns whose requests
+        each carry a cap on draft tokens (a column of a server at a larger k), by name."""
+        caps = caps or {}
         cells: dict[str, Cells] = {name: {part: {} for part in splits} for name, _ in turns}
         rounds_total = self.options.rounds
         for c in self.options.concurrencies:
@@ -107,7 +113,7 @@ class Runner:
                         self.bar.set_description(name)
                         self.bar.set_postfix_str(f"c={c} {part}" + (f" round {r + 1}" if rounds_total > 1 else ""))
                         rounds[name].append(await measure_round(server.url, self.plan.model, items, c, self.options,
-                                                                self.bar))
+                                                                self.bar, caps.get(name)))
                 for name in rounds:
                     cells[name][part][str(c)] = summarize_rounds(rounds[name])
                 if on_cells is not None:

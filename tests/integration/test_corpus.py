@@ -248,7 +248,7 @@ def test_train_draft_adds_a_round_then_trains_on_the_corpus(tiny_models, tmp_pat
     assert json.loads((tmp_path / "draft2" / "config.json").read_text())["draft_vocab_size"] == 64
 
 
-def test_vllm_answers_at_the_shipped_defaults_with_second_turns(tiny_models, tmp_path):
+def test_vllm_answers_at_the_shipped_defaults_with_second_turns(tiny_models, tmp_path, engines_in_process):
     """--generator vllm --answer-sampling defaults --second-turns: greedy answers under the target's
     generation_config.json penalty differ from plain greedy ones and repeat less; answered first
     turns come back as two-turn prompts; the round's manifest says how it was sampled."""

@@ -109,12 +109,13 @@ def generate(models, draft_penalties: bool, speculative_extra: dict) -> dict[str
     from vllm.inputs import TokensPrompt
 
     from dynamo_spec.training.offline_llm import offline_llm
+    from support.in_process import in_process_engines
 
     target, draft = models
-    with offline_llm(target, draft=draft, k=K, max_model_len=256, kv_cache_bytes=64 << 20,
-                     max_num_seqs=8, draft_penalties=draft_penalties, speculative_extra=speculative_extra,
-                     per_request_spec_decode_metrics="summary",
-                     generation_config="vllm") as llm:
+    with in_process_engines(), offline_llm(
+            target, draft=draft, k=K, max_model_len=256, kv_cache_bytes=64 << 20, max_num_seqs=8,
+            draft_penalties=draft_penalties, speculative_extra=speculative_extra,
+            per_request_spec_decode_metrics="summary", generation_config="vllm") as llm:
         prompts = [TokensPrompt(prompt_token_ids=prompt) for prompt, _ in REQUESTS.values()]
         params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **p)
                   for _, p in REQUESTS.values()]

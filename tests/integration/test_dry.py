@@ -126,13 +126,15 @@ def sampled(llm, prompt: list[int]) -> list[list[int]]:
 def runs(preference_models):
     """Per engine (speculation on, off): the greedy batches of 1, 4 and 16 requests, and the sampled batch."""
     from dynamo_spec.training.offline_llm import offline_llm
+    from support.in_process import in_process_engines
 
     target, draft = preference_models
     results = {}
     for speculation in (True, False):
-        with offline_llm(target, draft=draft if speculation else None, k=K, max_model_len=256,
-                         kv_cache_bytes=64 << 20, max_num_seqs=64, dtype="float32",
-                         per_request_spec_decode_metrics="summary", generation_config="vllm") as llm:
+        with in_process_engines(), offline_llm(
+                target, draft=draft if speculation else None, k=K, max_model_len=256, kv_cache_bytes=64 << 20,
+                max_num_seqs=64, dtype="float32", per_request_spec_decode_metrics="summary",
+                generation_config="vllm") as llm:
             results[speculation] = {n: greedy(llm, batch(n)) for n in (1, 4, 16)}
             results[speculation]["sampled"] = sampled(llm, PROMPTS[0]) if speculation else None
     return results

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from support.in_process import in_process_env
+
 pytestmark = pytest.mark.integration
 
 
@@ -28,7 +30,7 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
          "--draft", str(tiny_models["always_draft"]), "--prompts", str(prompts),
          "--k", "1,3", "--temperatures", "0,0.8,default", "--max-tokens", "33", "--speed-prompts", "2", "--speed-runs", "1",
          "--speed-max-tokens", "16", "--draft-penalties", "on", "--json", str(out)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, env=in_process_env(),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -106,7 +108,7 @@ def eval_draft_on_two_prompts(tmp_path, target, draft, *options: str):
         [sys.executable, "-m", "dynamo_spec", "eval-draft", "--target", str(target), "--draft", str(draft),
          "--prompts", str(prompts), "--k", "3", "--temperatures", "0", "--speed-runs", "0", *options,
          "--json", str(out)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, env=in_process_env(),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result, json.loads(out.read_text())

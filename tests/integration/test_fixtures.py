@@ -1,6 +1,7 @@
 """The tiny fixtures load in a real vLLM engine and give the acceptance they promise.
 
-One engine per (target, draft) pair, started once per module (~15 s each on CPU).
+One engine per (target, draft) pair, started once per module in the test's own process
+(support/in_process.py: 2-4 s each on CPU, against ~20 s for an engine with its own processes).
 """
 
 from __future__ import annotations
@@ -47,14 +48,13 @@ def test_tokenizer_and_chat_template(fixtures: dict[str, Path]) -> None:
 def generate(target: Path, draft: Path | None) -> list[Any]:
     """Greedy-generate PROMPTS one by one in a fresh engine; final RequestOutputs."""
     from vllm import SamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
 
     spec = (
         {"method": "eagle3", "model": str(draft), "num_speculative_tokens": K}
         if draft is not None
         else None
     )
-    args = AsyncEngineArgs(
+    args = dict(
         model=str(target),
         speculative_config=spec,
         enforce_eager=True,
@@ -104,6 +104,37 @@ def test_fixed_target_emits_token_zero(
     for outputs in (always_out, never_out, partial_out):
         for ids in token_ids(outputs):
             assert ids == [0] * MAX_TOKENS
+
+
+def test_an_engine_in_this_process_leaves_it_as_it_was(fixtures: dict[str, Path]) -> None:
+    """support/in_process.py: the engine runs here (its core in this process, no child process),
+    and what it changed in the process is undone: environment, affinity, torch's threads, vLLM's
+    cache of its environment."""
+    import os
+
+    import psutil
+    import torch
+    from vllm import LLM, SamplingParams, envs
+
+    from support.in_process import in_process_engines
+
+    environ, affinity = dict(os.environ), os.sched_getaffinity(0)
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with in_process_engines():
+        llm = LLM(model=str(fixtures["fixed_target"]), enforce_eager=True, max_model_len=512,
+                  kv_cache_memory_bytes=64 * 2**20, dtype="bfloat16", seed=0)
+        try:
+            (out,) = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
+            assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+            assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+    assert list(out.outputs[0].token_ids) == [0, 0]
+    assert dict(os.environ) == environ and os.sched_getaffinity(0) == affinity
+    assert torch.set_num_threads is set_num_threads and torch.get_num_threads() == threads
+    assert not envs._is_envs_cache_enabled()
 
 
 def test_always_draft_is_always_accepted(always_out: list[Any]) -> None:

@@ -27,6 +27,7 @@ from dynamo_spec.learning.captures import CaptureStore
 from dynamo_spec.training.corpus import add_round, target_checksum
 from dynamo_spec.training.precision import training_dtype
 from dynamo_spec.training.rows import write_jsonl
+from support.in_process import in_process_env
 from support.learning_world import AUX, build_tied_target, greedy_answers, train_served_draft
 
 pytestmark = pytest.mark.integration
@@ -82,7 +83,7 @@ def _config(world, tmp_path: Path, **learning) -> Path:
 def _learn(world, config: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dynamo_spec", "learn-draft", "--config", str(config),
                            "--corpus", str(world["data"]), *OPTIONS, *extra],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=in_process_env())
 
 
 def _manifest(learning: Path) -> dict:
@@ -162,7 +163,7 @@ def test_a_killed_cycle_promotes_nothing(world, tmp_path):
     config = _config(world, tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "dynamo_spec", "learn-draft", "--config", str(config),
                              "--corpus", str(world["data"]), *OPTIONS], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=in_process_env())
     try:
         for line in proc.stderr:  # killed once its version is written, before the gate decides
             if "learn-draft: gate ..." in line:

@@ -11,6 +11,7 @@ import pytest
 
 from dynamo_spec.training.checked import load_checked
 from dynamo_spec.training.sampling_eval import load_open_ended
+from support.in_process import in_process_env
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def test_eval_sampling_compares_settings_on_one_engine(tiny_models, tmp_path):
         [sys.executable, "-m", "dynamo_spec", "eval-sampling", "--target", str(tiny_models["fixed_target"]),
          "--draft", str(tiny_models["always_draft"]), "--k", "3", "--seeds", "1", "--max-tokens", "17",
          "--settings", json.dumps(settings), "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=in_process_env(),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads(out.read_text())

@@ -1,5 +1,6 @@
 """Random sampling (temperature > 0) with speculative decoding on vLLM's CPU build: one
-tiny engine with the plugin (dynamo_spec.vllm_patches.cpu_expand_kernel) loaded in its worker processes.
+tiny engine (in the test's process, support/in_process.py) with the plugin
+(dynamo_spec.vllm_patches.cpu_expand_kernel) loaded as vLLM loads it in a worker.
 The kernel-level tests of the fix are in tests/unit/test_cpu_rejection_sampler.py.
 """
 
@@ -38,9 +39,8 @@ def test_engine_low_temperature_sampling_with_eagle3_follows_target(
     almost always.
     """
     from vllm import SamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
 
-    args = AsyncEngineArgs(
+    args = dict(
         model=str(tiny_models["target"]),
         speculative_config={
             "method": "eagle3",

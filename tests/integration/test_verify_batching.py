@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dynamo_spec.default_model import SAMPLING_DEFAULTS
+from support.in_process import in_process_env
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +57,7 @@ def batched(tiny_models, tmp_path_factory):
             tiny_models, tmp_path)), "--draft", str(tiny_models["draft"]), "--k", "3", "--prompts", str(prompts),
          "--n", "16", "--max-tokens", "24", "--concurrency", "1,4,16", "--schedule", SCHEDULE,
          "--config", str(config)],
-        capture_output=True, text=True, timeout=1200,
+        capture_output=True, text=True, timeout=1200, env=in_process_env(),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result.stdout

@@ -552,3 +552,26 @@ def test_the_report_says_where_the_budget_dropped_drafts():
     text = "\n".join(render._budget(result))
     assert "`[[1, 0.12]]`" in text and "`[[1, 128, 3]]`" in text
     assert "| 1 | 1.30x | 1.20x | 1.083 | 80 | 32 | 10 | 1.50 |" in text
+
+
+def test_one_at_a_time_the_smaller_ks_are_caps_on_the_largest_ks_server():
+    from dynamo_spec.bench.load import request_body
+    from dynamo_spec.bench.phases import capped_first_phase, caps_stand_in, first_phase
+    from dynamo_spec.config.settings import Settings
+
+    group, caps = capped_first_phase((0, 1, 3), 64)
+    assert [name for name, _ in group] == ["k=1", "k=3", speedups.SPEC_K0]
+    shared = group[0][1]
+    assert all(overrides == shared for _, overrides in group)  # one server
+    assert shared[shared.index("--speculative.num_speculative_tokens") + 1] == "3"
+    assert shared[-1] == "[[1, 64, 3]]"  # a schedule, not a fixed k (no padded drafts past a cap)
+    assert caps == {"k=1": 1, speedups.SPEC_K0: 0}
+    assert len({tuple(o) for _, o in first_phase((0, 1, 3), 64)}) == 3  # side by side: a server each
+    body = request_body({"messages": []}, "m", 8, 0.0, max_draft_tokens=1)
+    assert body["extra_body"] == {"vllm_xargs": {"max_draft_tokens": 1}}
+    assert "extra_body" not in request_body({"messages": []}, "m", 8, 0.0)
+    # an engine-wide cap would carry one column's acceptance into the next: a server per column
+    spec = {"method": "eagle3", "model": "d"}
+    assert caps_stand_in(Settings(engine={"model": "m"}, speculative=spec), on_cpu=True)
+    assert not caps_stand_in(Settings(engine={"model": "m"}, speculative={**spec, "guard": {"enabled": True}}),
+                             on_cpu=True)
