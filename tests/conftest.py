@@ -72,18 +72,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # By their durations in CI (`--durations`, a 2-core host, each worker on one core); a module not
 # listed runs after these. Tests marked serial run after the workers, alone.
 LONGEST_FIRST = [
-    "integration/test_bench.py", "integration/test_bench_one_at_a_time.py", "integration/test_learn_draft.py",
-    "integration/test_learning_auto.py", "integration/test_verify_batching.py",
-    "integration/test_eval_draft.py", "integration/test_lifecycle.py", "integration/test_compile_cache.py",
-    "integration/test_verify.py", "e2e/test_launch.py", "integration/test_fixtures.py", "integration/test_dry.py",
-    "integration/test_draft_swap.py", "integration/test_capture.py", "integration/test_zero_draft_steps.py",
-    "integration/test_draft_budget.py", "integration/test_corpus.py", "integration/test_fuzz.py",
-    "integration/test_default_model.py", "integration/test_speculation_guard.py", "integration/test_tensor_parallel.py",
-    "integration/test_draft_penalties.py", "integration/test_per_engine_switches.py", "integration/test_sampling_eval.py",
-    "integration/test_operate.py", "integration/test_api.py",
-    "e2e/test_ray_cluster.py", "integration/test_acceptance_metrics.py", "e2e/test_prometheus.py",
-    "integration/test_seeded_sampling.py", "integration/test_schedule.py", "integration/test_slow_readers.py",
-    "integration/test_train_data.py", "integration/test_zen_platform.py",
+    "integration/test_bench.py", "integration/test_lifecycle.py", "integration/test_compile_cache.py",
+    "integration/test_bench_one_at_a_time.py", "e2e/test_launch.py", "integration/test_tensor_parallel.py",
+    "integration/test_learning_auto.py", "integration/test_draft_budget.py", "integration/test_fuzz.py",
+    "integration/test_api.py", "integration/test_zen_platform.py", "integration/test_speculation_guard.py",
+    "integration/test_acceptance_metrics.py", "integration/test_operate.py", "integration/test_slow_readers.py",
+    "e2e/test_ray_cluster.py", "integration/test_eval_draft.py", "integration/test_zero_draft_steps.py",
+    "integration/test_learn_draft.py", "integration/test_verify_batching.py", "e2e/test_prometheus.py",
+    "integration/test_per_engine_switches.py", "integration/test_draft_swap.py", "integration/test_fixtures.py",
+    "integration/test_capture.py", "integration/test_draft_caps.py", "integration/test_schedule.py",
+    "integration/test_default_model.py", "integration/test_corpus.py", "integration/test_verify.py",
+    "integration/test_sampling_eval.py", "integration/test_draft_penalties.py", "integration/test_dry.py",
+    "integration/test_sampling_with_speculation.py", "integration/test_seeded_sampling.py",
+    "integration/test_prometheus_helper.py", "integration/test_train_data.py",
 ]
 
 
