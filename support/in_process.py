@@ -10,8 +10,9 @@ multiprocess executor only with multiprocessing on): the same model runner, samp
 What such an engine leaves in the process, undone on leaving :func:`in_process_engines`: vLLM's
 cache of its environment variables (``vllm.envs.enable_envs_cache``, set by ``EngineCore``), the
 frozen GC heap (``freeze_gc_heap``), ``torch.set_num_threads`` replaced by the CPU worker with a
-no-op, the number of torch threads, the CPU affinity, and the environment variables it set
-(``VLLM_DIST_IDENT`` and others that servers started later would inherit).
+no-op, the number of torch threads, the CPU affinity, the environment variables it set
+(``VLLM_DIST_IDENT`` and others that servers started later would inherit), and the worker
+extension (``worker_extension_cls``: vLLM adds it to the worker class's bases, v1/worker/worker_base.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def in_process_engines() -> Iterator[None]:
     has its core in another process); this process as it was afterwards."""
     import torch
     from vllm import envs
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
 
+    bases = {cls: cls.__bases__ for cls in (CPUWorker, Worker)}
     environ = dict(os.environ)
     affinity = os.sched_getaffinity(0)
     set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
@@ -40,6 +44,8 @@ def in_process_engines() -> Iterator[None]:
         yield
     finally:
         envs.disable_envs_cache()
+        for cls, own in bases.items():
+            cls.__bases__ = own
         gc.unfreeze()
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
