@@ -7,9 +7,11 @@ With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine core runs in the process th
 multiprocess executor only with multiprocessing on): the same model runner, sampler and patches
 (the project's vLLM plugin loads in this process as in a worker), started in 2-4 s.
 
-What such an engine leaves in the process, undone on leaving :func:`in_process_engines`: vLLM's
-cache of its environment variables (``vllm.envs.enable_envs_cache``, set by ``EngineCore``), the
-frozen GC heap (``freeze_gc_heap``), ``torch.set_num_threads`` replaced by the CPU worker with a
+What such an engine leaves in the process, undone on leaving :func:`in_process_engines`: its
+torch.distributed groups, vLLM's cache of its environment variables (``enable_envs_cache``, set by
+``EngineCore``) and the frozen GC heap (``freeze_gc_heap``), with vLLM's own
+``cleanup_dist_env_and_memory`` (what vLLM's tests call between engines in one process);
+``torch.set_num_threads`` replaced by the CPU worker with a
 no-op, the number of torch threads, the CPU affinity, the environment variables it set
 (``VLLM_DIST_IDENT`` and others that servers started later would inherit), and the worker
 extension (``worker_extension_cls``: vLLM adds it to the worker class's bases, v1/worker/worker_base.py).
@@ -18,7 +20,6 @@ extension (``worker_extension_cls``: vLLM adds it to the worker class's bases, v
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 from collections.abc import Iterator
 
@@ -31,6 +32,7 @@ def in_process_engines() -> Iterator[None]:
     has its core in another process); this process as it was afterwards."""
     import torch
     from vllm import envs
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -43,10 +45,9 @@ def in_process_engines() -> Iterator[None]:
     try:
         yield
     finally:
-        envs.disable_envs_cache()
+        cleanup_dist_env_and_memory()
         for cls, own in bases.items():
             cls.__bases__ = own
-        gc.unfreeze()
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, affinity)

@@ -109,7 +109,8 @@ def test_fixed_target_emits_token_zero(
 def test_an_engine_in_this_process_leaves_it_as_it_was(fixtures: dict[str, Path]) -> None:
     """support/in_process.py: the engine runs here (its core and worker in this process, no child
     process), and what it changed in the process is undone: environment, affinity, torch's threads,
-    vLLM's cache of its environment, the worker class it extended (the server's draft-swap extension)."""
+    vLLM's cache of its environment, its torch.distributed group, the worker class it extended (the
+    server's draft-swap extension)."""
     import os
 
     import psutil
@@ -139,7 +140,7 @@ def test_an_engine_in_this_process_leaves_it_as_it_was(fixtures: dict[str, Path]
     assert not hasattr(CPUWorker, WORKER_METHOD)
     assert dict(os.environ) == environ and os.sched_getaffinity(0) == affinity
     assert torch.set_num_threads is set_num_threads and torch.get_num_threads() == threads
-    assert not envs._is_envs_cache_enabled()
+    assert not envs._is_envs_cache_enabled() and not torch.distributed.is_initialized()
 
 
 def test_always_draft_is_always_accepted(always_out: list[Any]) -> None:
