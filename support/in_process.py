@@ -55,6 +55,21 @@ def in_process_engines() -> Iterator[None]:
         os.environ.update(environ)
 
 
+@contextlib.contextmanager
+def in_process_llm(**engine_kwargs):
+    """A ``vllm.LLM`` built from ``engine_kwargs`` in this process (:func:`in_process_engines`),
+    always shut down after."""
+    with in_process_engines():
+        from vllm import LLM
+
+        llm = LLM(**engine_kwargs)
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+
+
 def in_process_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a command (``dynamo-spec verify``, ``eval-draft``, ...) whose offline
     engines should run in its own process: ``env`` (default: this process's) with multiprocessing off."""

@@ -266,7 +266,6 @@ def caps_stand_in(settings: Any, on_cpu: bool) -> bool:
     return not spec.guard.enabled and not spec.draft_budget.enabled and unavailable(on_cpu) is None
 
 
-
 async def run_config(options: BenchOptions) -> int:
     """Servers started from --config: both phases, then bench.json, bench.md and the plots."""
     from dynamo_spec.config.loader import load_settings

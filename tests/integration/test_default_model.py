@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.in_process import in_process_engines
+from support.in_process import in_process_llm
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -66,21 +66,16 @@ def _transformers_greedy(model_dir: Path, ids: tuple[int, ...]) -> list[int]:
 def _vllm_greedy(model_dir: Path, ids: list[int], dtype: str,
                  speculative_config: dict | None = None) -> tuple[list[int], str, dict]:
     """Greedy tokens, text, and the request's speculative figures (drafts, draft tokens, accepted)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    with in_process_engines():  # support/in_process.py: no engine processes to import vLLM again
-        llm = LLM(model=str(model_dir), dtype=dtype, kv_cache_memory_bytes=512 * 2**20,
-                  enforce_eager=True, max_model_len=2048, seed=0,
-                  speculative_config=speculative_config,
-                  per_request_spec_decode_metrics="summary" if speculative_config else "none")
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-            stats = getattr(out.outputs[0], "spec_decode_metrics", None)
-            return list(out.outputs[0].token_ids), out.outputs[0].text, stats.to_dict() if stats else {}
-        finally:
-            llm.llm_engine.engine_core.shutdown()
+    with in_process_llm(model=str(model_dir), dtype=dtype, kv_cache_memory_bytes=512 * 2**20,  # no engine processes
+                        enforce_eager=True, max_model_len=2048, seed=0, speculative_config=speculative_config,
+                        per_request_spec_decode_metrics="summary" if speculative_config else "none") as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        stats = getattr(out.outputs[0], "spec_decode_metrics", None)
+        return list(out.outputs[0].token_ids), out.outputs[0].text, stats.to_dict() if stats else {}
 
 
 def test_converted_checkpoint_layout(default_model: Path):

@@ -115,27 +115,23 @@ def test_an_engine_in_this_process_leaves_it_as_it_was(fixtures: dict[str, Path]
 
     import psutil
     import torch
-    from vllm import LLM, SamplingParams, envs
+    from vllm import SamplingParams, envs
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     from dynamo_spec.learning.swap import WORKER_METHOD, DraftSwapExtension
-    from support.in_process import in_process_engines
+    from support.in_process import in_process_llm
 
     environ, affinity = dict(os.environ), os.sched_getaffinity(0)
     set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     extension = f"{DraftSwapExtension.__module__}.{DraftSwapExtension.__qualname__}"
-    with in_process_engines():
-        llm = LLM(model=str(fixtures["fixed_target"]), enforce_eager=True, max_model_len=512,
-                  kv_cache_memory_bytes=64 * 2**20, dtype="bfloat16", seed=0, worker_extension_cls=extension)
-        try:
-            (out,) = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
-            assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
-            assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
-            assert hasattr(CPUWorker, WORKER_METHOD)  # vLLM extended the class itself, in this process
-        finally:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
+    with in_process_llm(model=str(fixtures["fixed_target"]), enforce_eager=True, max_model_len=512,
+                        kv_cache_memory_bytes=64 * 2**20, dtype="bfloat16", seed=0,
+                        worker_extension_cls=extension) as llm:
+        (out,) = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
+        assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+        assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+        assert hasattr(CPUWorker, WORKER_METHOD)  # vLLM extended the class itself, in this process
     assert list(out.outputs[0].token_ids) == [0, 0]
     assert not hasattr(CPUWorker, WORKER_METHOD)
     assert dict(os.environ) == environ and os.sched_getaffinity(0) == affinity
