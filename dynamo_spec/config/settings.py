@@ -241,6 +241,32 @@ class DraftBudgetSettings(_Section):
         return points
 
 
+# Methods whose drafter the suffix tree is mixed with (dynamo_spec/vllm_patches/suffix_mix.py: the EAGLE proposer).
+SUFFIX_MIX_METHODS = {"eagle", "eagle3"}
+# The tree's longest draft: vLLM's num_speculative_tokens bound (SpeculativeSettings.num_speculative_tokens).
+MAX_SUFFIX_TOKENS = 32
+
+
+class SuffixSettings(_Section):
+    """Suffix-tree drafts from the served answers, mixed with the EAGLE-3 draft per request and step.
+
+    A suffix tree of earlier answers (and of the request's own prompt) drafts the continuation of
+    the longest match, with a score that estimates how many of its tokens will be accepted; where
+    the score reaches ``min_score`` that draft replaces the EAGLE-3 draft for the step. Lossless: the
+    target verifies every draft token. The trees live in the engine's memory only (never on disk);
+    DELETE /admin/learning/captures empties them."""
+
+    enabled: bool = Field(False, description="Mix suffix-tree drafts (arctic-inference's tree) with the EAGLE-3 draft.")
+    max_tokens: int = Field(16, ge=1, le=MAX_SUFFIX_TOKENS, description="The tree's longest draft (tokens).")
+    min_score: float = Field(2.0, ge=0, description="The tree's score (its expected accepted tokens) at which its "
+                             "draft replaces the EAGLE-3 draft.")
+    max_cached_requests: int = Field(10000, ge=1, description="Finished answers kept per tree; the oldest evicted first.")
+    scope: Literal["tenant", "global"] = Field(
+        "tenant", description="tenant: one tree per tenant of metrics.tenant_header (requests without the header "
+        "share one); global: one tree for all.")
+    include_prompt: bool = Field(True, description="The request's own prompt in its tree (drafts that copy from it).")
+
+
 class SpeculativeSettings(_Section):
     enabled: bool = Field(True, description="Turn speculative decoding off to serve the target alone.")
     method: str = Field("eagle3", description="vLLM speculative method (eagle3, eagle, ngram, draft_model, ...).")
@@ -265,6 +291,7 @@ class SpeculativeSettings(_Section):
         "the target will verify (lossless: only the proposals change). V1 runner (CPU); inactive on Model Runner V2.")
     guard: GuardSettings = Field(default_factory=GuardSettings)
     draft_budget: DraftBudgetSettings = Field(default_factory=DraftBudgetSettings)
+    suffix: SuffixSettings = Field(default_factory=SuffixSettings)
     tenants: dict[str, TenantSettings] = Field(
         default_factory=dict, description="Defaults per tenant, keyed by the value of the header "
         "metrics.tenant_header: {batch: {max_draft_tokens: 0}}.",
@@ -272,6 +299,12 @@ class SpeculativeSettings(_Section):
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Any other vLLM SpeculativeConfig field, passed through as is."
     )
+
+    @property
+    def longest_draft(self) -> int:
+        """The most draft tokens a request may have verified in one step: k, or the tree's longest
+        draft where the suffix mix is on (vLLM's num_speculative_tokens)."""
+        return max(self.num_speculative_tokens, self.suffix.max_tokens if self.suffix.enabled else 0)
 
     @field_validator("method")
     @classmethod
@@ -399,6 +432,15 @@ class Settings(BaseSettings):
             raise ValueError(f"speculative.draft_budget: needs the draft's probabilities, which method "
                              f"'{spec.method}' does not give (use one of {', '.join(sorted(CONFIDENCE_METHODS))}, "
                              "or draft_budget.enabled: false)")
+        return self
+
+    @model_validator(mode="after")
+    def _suffix_mix_has_an_eagle_draft(self) -> Settings:
+        spec = self.speculative
+        if spec.enabled and spec.suffix.enabled and spec.method not in SUFFIX_MIX_METHODS:
+            raise ValueError(f"speculative.suffix: the tree's drafts are mixed with an EAGLE draft's, and method "
+                             f"'{spec.method}' is not one (use eagle3, method suffix for the tree alone, "
+                             "or suffix.enabled: false)")
         return self
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ from dynamo_spec.vllm_patches.draft_budget import BUDGET_KEY, BudgetConfig
 from dynamo_spec.vllm_patches.draft_confidence import CONFIDENCE_KEY
 from dynamo_spec.vllm_patches.draft_penalties import PENALTIES_KEY
 from dynamo_spec.vllm_patches.speculation_guard import GUARD_KEY, GuardConfig
+from dynamo_spec.vllm_patches.suffix_mix import SUFFIX_KEY, MixConfig
 from dynamo_spec.vllm_patches.zero_draft_steps import ZERO_DRAFT_KEY
 
 # Switches with no settings field, for A/B runs and the training tools only, taken from
@@ -34,10 +35,14 @@ def speculative_config(settings: Settings, dtype: str | None = None) -> dict[str
     spec = settings.speculative
     if not spec.enabled:
         return None
-    config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    # With the suffix mix vLLM's k is the tree's longest draft (its buffers, the rejection sampler), and a
+    # schedule keeps the EAGLE loop at its own k (vLLM carries the last entry's k to every larger batch).
+    config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.longest_draft}
     if spec.model is not None:
         config["model"] = spec.model
     applied, _ = schedule.for_engine(settings, dtype or settings.engine.dtype)
+    if applied is None and spec.longest_draft > spec.num_speculative_tokens:
+        applied = ((1, 1, spec.num_speculative_tokens),)
     if applied is not None:
         config["num_speculative_tokens_per_batch_size"] = schedule.as_lists(applied)
     if spec.draft_tensor_parallel_size is not None:
@@ -68,7 +73,9 @@ def engine_switches(settings: Settings) -> dict[str, Any]:
     budget_switch = BudgetConfig(
         draft_token_cost=tuple(map(tuple, budget.draft_token_cost)), min_observations=budget.min_observations,
         explore_every=budget.explore_every).to_switch() if budget.enabled else None
-    return {**given, PENALTIES_KEY: spec.draft_penalties, GUARD_KEY: guard, BUDGET_KEY: budget_switch,
+    suffix = (MixConfig(**spec.suffix.model_dump(exclude={"enabled"})).to_switch()
+              if spec.enabled and spec.suffix.enabled else None)
+    return {**given, PENALTIES_KEY: spec.draft_penalties, GUARD_KEY: guard, BUDGET_KEY: budget_switch, SUFFIX_KEY: suffix,
             # the budget needs the drafts' confidences, and so does a confidence log
             CONFIDENCE_KEY: budget_switch is not None or bool(given.get(CONFIDENCE_LOG_KEY))}
 

@@ -37,6 +37,7 @@ class Feature:
     on_request: bool = False  # an admin action: refused when asked (``unavailable``), never at start
     # settings under which the patch leaves some or all of the work to vLLM on any path: where, or None
     bypassed: Callable[[Settings], str | None] | None = None
+    needs_package: tuple[str, str] | None = None  # (import name, what installs it) the feature's code imports
 
 
 def _on(settings: Settings, flag: Callable[[object], bool]) -> bool:
@@ -94,8 +95,29 @@ DRAFT_SWAP = Feature("live draft swap", "POST /admin/draft", lambda s: _on(s, la
 LEARNING_AUTO = Feature("automatic learn cycle", "learning.auto", lambda s: s.learning.auto,
                         "a learn-draft child; its promoted draft swapped into the V1 EAGLE proposer",
                         needs_v1_runner=True)  # dynamo_spec/learning/auto.py
+SUFFIX_MIX = Feature("suffix-tree drafts mixed with the draft's", "speculative.suffix",
+                     lambda s: _on(s, lambda spec: spec.suffix.enabled),
+                     "the V1 runner's take_draft_token_ids (a tree draft replaces the EAGLE-3 draft per request and "
+                     "step) and Scheduler.update_draft_token_ids, which asynchronous scheduling never calls",
+                     patches=("suffix_mix",), needs_v1_runner=True, needs_sync=True,
+                     needs_package=("arctic_inference", "pip install --no-build-isolation arctic-inference==0.3.0 "
+                                    "(launch/env.sh's ensure_venv does)"))  # dynamo_spec/vllm_patches/suffix_mix.py
 FEATURES = (BATCH_SCHEDULE, DRAFT_CAPS, GUARD, DRAFT_BUDGET, ZERO_DRAFT_STEPS, DRAFT_PENALTIES, DRY, DRAFT_SWAP,
-            LEARNING_AUTO)
+            LEARNING_AUTO, SUFFIX_MIX)
+
+
+def package_missing(feature: Feature) -> str | None:
+    """The package ``feature`` imports where it cannot be found here: '<name> (<how to install>)', or None."""
+    import importlib.util
+
+    if feature.needs_package is None:
+        return None
+    name, how = feature.needs_package
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"{name} ({how})"
 
 
 def missing(feature: Feature, path: EnginePath) -> list[str]:
@@ -149,7 +171,10 @@ def refusals(settings: Settings, path: EnginePath | None, unapplied: Sequence[Pa
     for feature in FEATURES:
         if feature.automatic or feature.on_request or not feature.enabled(settings):
             continue
-        if patch := unpatched(feature, unapplied):
+        if package := package_missing(feature):
+            problems.append(Problem("error", f"{feature.setting}: the {feature.name} needs the package {package}, "
+                                             "which cannot be imported here: install it, or turn the feature off"))
+        elif patch := unpatched(feature, unapplied):
             problems.append(Problem("error", f"{feature.setting}: {why_off(patch)}, so it would do nothing: "
                                              f"{_fix(patch)}, or turn it off"))
         elif path is not None and (lacks := missing(feature, path)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from dynamo_spec.learning import captures
@@ -35,9 +35,15 @@ def router(root: str, capture: Capture | None) -> APIRouter:
         })
 
     @r.delete(ROUTE)
-    async def erase() -> JSONResponse:
-        """Erase every capture (those still buffered too); answers what was erased."""
+    async def erase(request: Request) -> JSONResponse:
+        """Erase every capture (those still buffered too), and empty the suffix mix's trees (the served
+        answers they hold in the engine's memory); answers what was erased."""
+        from dynamo_spec.serving import suffix_trees
+
         erased = await asyncio.to_thread(capture.erase if capture is not None else lambda: captures.erase(root))
-        return JSONResponse({"erased": erased, "capture": capture is not None})
+        body = {"erased": erased, "capture": capture is not None}
+        if (answers := await suffix_trees.erase(request.app.state)) is not None:
+            body["suffix_trees_erased_answers"] = answers
+        return JSONResponse(body)
 
     return r

@@ -159,6 +159,17 @@ class DraftSwapExtension:
     def dynamo_spec_load_draft(self, path: str) -> dict[str, Any]:
         return load_draft(self.model_runner, self.vllm_config, path)  # type: ignore[attr-defined]
 
+    # The suffix mix's trees live beside the draft in the worker (dynamo_spec/vllm_patches/suffix_mix.py).
+    def dynamo_spec_suffix_clear(self) -> dict[str, Any]:
+        from dynamo_spec.vllm_patches.suffix_mix import clear_worker_trees
+
+        return clear_worker_trees(self)
+
+    def dynamo_spec_suffix_stats(self) -> dict[str, Any] | None:
+        from dynamo_spec.vllm_patches.suffix_mix import worker_tree_stats
+
+        return worker_tree_stats(self)
+
 
 def _refused(problem: str) -> dict[str, Any]:
     return {"ok": False, "problem": problem}

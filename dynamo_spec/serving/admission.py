@@ -174,8 +174,9 @@ def check_bounds(body: Any, limits: LimitsSettings) -> None:
 class AdmissionMiddleware:
     def __init__(self, app: ASGIApp, lifecycle: Lifecycle, limits: LimitsSettings,
                  metrics: DynamoSpecMetrics | None, tenant_caps: draft_caps.TenantDraftCaps | None = None,
-                 caps_unavailable: str | None = None, dry: DryFields | None = None):
+                 caps_unavailable: str | None = None, dry: DryFields | None = None, trees: Any = None):
         self.app = app
+        self.trees = trees  # suffix_trees.TreeNames: each request's suffix tree, or None (the mix off)
         self.dry = dry
         self.lifecycle = lifecycle
         self.limits = limits
@@ -198,6 +199,8 @@ class AdmissionMiddleware:
                 merged = self._with_dry(parsed)
                 if self.tenant_caps is not None:
                     merged = self.tenant_caps.merged(merged or parsed, scope["headers"]) or merged
+                if self.trees is not None:
+                    merged = self.trees.merged(merged or parsed, scope["headers"]) or merged
                 if merged is not None:
                     body = json.dumps(merged).encode()
                     scope = _with_content_length(scope, len(body))

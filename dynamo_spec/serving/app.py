@@ -22,7 +22,7 @@ from dynamo_spec.config.settings import Settings
 from dynamo_spec.engine.args import vllm_serving_args
 from dynamo_spec.engine.host import on_cpu
 from dynamo_spec.learning import auto, capture, draft_admin
-from dynamo_spec.serving import budget_monitor, guard
+from dynamo_spec.serving import budget_monitor, guard, suffix_trees
 from dynamo_spec.serving.admission import AdmissionMiddleware, openai_error
 from dynamo_spec.serving.draft_caps import TenantDraftCaps
 from dynamo_spec.serving.draft_caps import unavailable as draft_caps_unavailable
@@ -73,6 +73,8 @@ def create_app(
     app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=settings.server.api_key is not None,
                                     metrics=metrics))
     app.include_router(budget_monitor.router(enabled=budget_enabled(settings)))
+    app.include_router(suffix_trees.router(settings))  # speculative.suffix: GET /admin/suffix
+    app.state.suffix_enabled = suffix_trees.enabled(settings)
     swapper = draft_admin.swapper_of(settings, metrics)
     app.include_router(draft_admin.router(settings, metrics, swapper))  # /admin/draft: the live draft swap
     capture.attach(app, settings)  # learning.capture: app.state.capture, /admin/learning/captures
@@ -108,7 +110,8 @@ def create_app(
     # Middleware: the last added is the outermost. Order of a request: metrics, API key, admission.
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, limits=settings.limits, metrics=metrics,
                        tenant_caps=TenantDraftCaps.from_settings(settings),
-                       caps_unavailable=draft_caps_unavailable(on_cpu()), dry=app.state.dry_fields)
+                       caps_unavailable=draft_caps_unavailable(on_cpu()), dry=app.state.dry_fields,
+                       trees=suffix_trees.TreeNames.from_settings(settings))
     if settings.server.api_key is not None:
         guarded = ("/v1", "/admin", "/metrics") if settings.server.metrics_require_api_key else ("/v1", "/admin")
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)
@@ -137,6 +140,8 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
         app.state.background.append(asyncio.create_task(guard.poll(engine, metrics)))
     if metrics is not None and budget_enabled(settings):
         app.state.background.append(asyncio.create_task(budget_monitor.poll(engine, metrics)))
+    if metrics is not None and suffix_trees.enabled(settings):
+        app.state.background.append(asyncio.create_task(suffix_trees.poll(engine, metrics)))
     app.state.lifecycle.set_phase(Phase.READY)
 
 

@@ -26,7 +26,7 @@ def build_metrics(settings: Settings, registry: CollectorRegistry) -> DynamoSpec
         model=settings.served_model_name,
         draft_model=(spec.model or "") if spec.enabled else "",
         method=spec.method if spec.enabled else "none",
-        num_speculative_tokens=spec.num_speculative_tokens if spec.enabled else 0,
+        num_speculative_tokens=spec.longest_draft if spec.enabled else 0,
         version=__version__,
         window_seconds=settings.metrics.window_seconds,
         max_tenants=settings.metrics.max_tenants,

@@ -198,6 +198,35 @@ class _BudgetCollector(Collector):
         return out
 
 
+class _SourceCollector(Collector):
+    """The suffix mix's counts per draft source (suffix: the tree's drafts, draft: the EAGLE-3 draft's),
+    as last read from the engine (``dynamo_spec.serving.suffix_trees`` polls them); nothing before."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.snapshot: dict | None = None
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        snap = self.snapshot
+        if not snap:
+            return []
+        # PromQL, acceptance length of the tree's drafts:
+        #   1 + rate(dynamo_spec_source_accepted_tokens_total{source="suffix"}[5m])
+        #     / rate(dynamo_spec_source_verify_steps_total{source="suffix"}[5m])
+        # share of verify steps the tree drafted:
+        #   rate(dynamo_spec_source_verify_steps_total{source="suffix"}[5m])
+        #     / sum(rate(dynamo_spec_source_verify_steps_total[5m]))
+        out = []
+        for key, what in (("verify_steps", "Requests' verify steps, by where their drafts came from."),
+                          ("draft_tokens", "Draft tokens verified, by source."),
+                          ("accepted_tokens", "Draft tokens accepted, by source.")):
+            family = CounterMetricFamily(f"dynamo_spec_source_{key}", what, labels=["model", "source"])
+            for source, counts in snap.items():
+                family.add_metric([self.model, source], counts[key.removeprefix("verify_")])
+            out.append(family)
+        return out
+
+
 class TenantLabels:
     """Maps a header value to a bounded set of label values."""
 
@@ -243,6 +272,8 @@ class DynamoSpecMetrics:
         registry.register(self._guard)
         self._budget = _BudgetCollector(model)
         registry.register(self._budget)
+        self._sources = _SourceCollector(model)
+        registry.register(self._sources)
 
         info = Gauge(
             "dynamo_spec_info",
@@ -371,6 +402,10 @@ class DynamoSpecMetrics:
     def record_guard(self, snapshot: dict | None) -> None:
         """The speculation guard's latest snapshot (None: no guard)."""
         self._guard.snapshot = snapshot
+
+    def record_sources(self, snapshot: dict | None) -> None:
+        """The suffix mix's latest per-source counts (None: the mix off)."""
+        self._sources.snapshot = snapshot
 
     def record_budget(self, snapshot: dict | None) -> None:
         """The confidence draft budget's latest snapshot (None: no budget)."""

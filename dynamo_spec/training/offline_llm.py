@@ -22,14 +22,14 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
                 dtype: str = "bfloat16", kv_cache_bytes: int = 512 * 2**20,
                 max_num_seqs: int = 64, max_model_len: int = 2048, schedule=None, draft_budget: dict | None = None,
                 guard: dict | None = None, draft_penalties: bool = True, confidence_log: Path | None = None,
-                speculative_extra: dict | None = None, **extra):
+                speculative_extra: dict | None = None, suffix: dict | None = None, **extra):
     """Yield a ``vllm.LLM`` (optionally with an EAGLE-3 draft) and always shut it down.
 
     Its arguments come from a ``Settings`` through ``engine_args.engine_kwargs``, as the
     server's do; ``schedule``: the draft's batch-size schedule of k (``[[lo, hi, k], ...]``);
     ``draft_budget``: ``speculative.draft_budget`` fields (the confidence budget);
     ``guard``: ``speculative.guard`` fields; ``draft_penalties``: ``speculative.draft_penalties``;
-    ``confidence_log``: a file to which the engine appends each verified draft's confidences
+    ``suffix``: ``speculative.suffix`` fields (the suffix-tree mix); ``confidence_log``: a file to which the engine appends each verified draft's confidences
     (``draft_admission``); ``speculative_extra``: ``speculative.extra`` (other speculative_config
     fields); ``extra``: other engine settings (typed fields) or ``engine.extra`` fields."""
     engine = {"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,
@@ -46,7 +46,8 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
         engine=engine,
         speculative={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
                      "num_speculative_tokens_per_batch_size": schedule, "draft_budget": draft_budget or {},
-                     "guard": guard or {}, "draft_penalties": draft_penalties, "extra": speculative_extra or {}}
+                     "guard": guard or {}, "draft_penalties": draft_penalties, "extra": speculative_extra or {},
+                     "suffix": suffix or {}}
         if draft is not None else {"enabled": False},
     )
     with llm_for(settings) as llm:

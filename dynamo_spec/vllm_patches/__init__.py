@@ -56,6 +56,8 @@ PATCHES = (
     Patch("draft_penalties", "speed", "requests with penalties get drafts drafted without them (lower acceptance)"),
     # after zero_draft_steps: its _sample wraps that one's (a k=0 step's plain sampler gets DRY too)
     Patch("dry", "feature", "requests with DRY fields are sampled without it"),
+    # after draft_admission: its update_draft_token_ids reads the drafts' sources before that one rebuilds them
+    Patch("suffix_mix", "feature", "every draft is the EAGLE-3 draft's (no suffix-tree drafts)"),
 )
 # The Zen platform is a vllm.platform_plugins entry point of its own (not registered here).
 PLATFORM_PATCHES = ("zen_platform",)

@@ -72,8 +72,11 @@ def host(tmp_path) -> Host:
     return Host(tmp_path)
 
 
+ARCTIC = re.search(r"^ARCTIC_INFERENCE=(\S+)$", (ROOT / "launch/env.sh").read_text(), re.M).group(1)
+
+
 def stamp(extras: str) -> str:
-    return f".dynamo-spec-{extras}-{hashlib.sha1((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:12]}"
+    return f".dynamo-spec-{extras}-{hashlib.sha1((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:12]}-arctic{ARCTIC}"
 
 
 def test_no_python_in_range_stops_with_one_line_naming_what_to_install(host):
@@ -95,6 +98,8 @@ def test_python3_too_old_but_python3_12_present_builds_with_python3_12(host):
     calls = host.calls()
     assert calls[0] == f"{python312} -m venv {host.venv}"
     assert f"{host.venv}/bin/python -m pip install --quiet -e {ROOT}[cpu,test,convert]" in calls
+    # the suffix tree: built against the venv's own torch, not a second one fetched into an isolated build
+    assert f"{host.venv}/bin/python -m pip install --quiet --no-build-isolation arctic-inference=={ARCTIC}" in calls
     assert "3.12.3" in (host.venv / "pyvenv.cfg").read_text()
     assert (host.venv / stamp("cpu-test-convert")).is_file()
 

@@ -1,0 +1,124 @@
+"""The API process's side of the suffix mix (``dynamo_spec.vllm_patches.suffix_mix``, which runs in
+the engine): which tree a request drafts from, the per-source counts on /metrics, ``GET
+/admin/suffix``, and emptying the trees (``DELETE /admin/learning/captures`` calls :func:`erase`).
+
+A request's tree is its tenant's (the value of ``metrics.tenant_header``; requests without the
+header share one), written into ``vllm_xargs`` by admission whatever the client sent there, so no
+request can draft from another tenant's answers. Past ``metrics.max_tenants`` distinct tenants a
+new tenant's requests get no shared tree (:data:`NO_TREE`: the EAGLE-3 draft alone), which bounds
+the trees' memory at ``max_tenants x max_cached_requests`` answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from dynamo_spec.config.settings import Settings
+from dynamo_spec.serving.admission import openai_error
+from dynamo_spec.vllm_patches.suffix_mix import DEFAULT_TREE, NO_TREE, TREE_FIELD, UTILITY, WORKER_CLEAR, WORKER_STATS
+
+POLL_SECONDS = 1.0
+ROUTE = "/admin/suffix"
+
+
+def enabled(settings: Settings) -> bool:
+    return settings.speculative.enabled and settings.speculative.suffix.enabled
+
+
+class TreeNames:
+    """The tree of each request, from its tenant header (scope ``tenant``) or one for all (``global``)."""
+
+    def __init__(self, header: str | None, per_tenant: bool, max_trees: int):
+        self.header = header.lower().encode("latin-1") if header and per_tenant else None
+        self.max_trees = max_trees
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TreeNames | None:
+        if not enabled(settings):
+            return None
+        return cls(settings.metrics.tenant_header, settings.speculative.suffix.scope == "tenant",
+                   settings.metrics.max_tenants)
+
+    def name(self, headers: list[tuple[bytes, bytes]]) -> str:
+        if self.header is None:
+            return DEFAULT_TREE
+        tenant = next((v.decode("latin-1") for k, v in headers if k == self.header), None)
+        if not tenant:
+            return DEFAULT_TREE
+        with self._lock:
+            if tenant in self._seen:
+                return tenant
+            if len(self._seen) < self.max_trees:
+                self._seen.add(tenant)
+                return tenant
+        return NO_TREE
+
+    def merged(self, body: Any, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
+        """The body with its tree named in ``vllm_xargs`` (a client's own value replaced), or None
+        where there is nothing to change (not an object, or a ``vllm_xargs`` vLLM refuses)."""
+        if not isinstance(body, dict):
+            return None
+        xargs = body.get("vllm_xargs")
+        if xargs is None:
+            xargs = {}
+        elif not isinstance(xargs, dict):
+            return None
+        return {**body, "vllm_xargs": {**xargs, TREE_FIELD: self.name(headers)}}
+
+
+async def counts(engine: Any) -> dict | None:
+    """Drafted, accepted tokens and verify steps per source, from the engine's scheduler; None when off."""
+    return await engine.engine_core.call_utility_async(UTILITY)
+
+
+async def tree_stats(engine: Any) -> list[dict | None]:
+    """Each worker's trees: how many, answers cached, requests in flight, their own time."""
+    return await engine.collective_rpc(WORKER_STATS)
+
+
+async def erase(app_state: Any) -> int | None:
+    """Empty every tree of the engine's workers: the answers erased, or None (no engine, or the mix off)."""
+    engine = getattr(app_state, "engine", None)
+    if engine is None or not getattr(app_state, "suffix_enabled", False):
+        return None
+    results = await engine.collective_rpc(WORKER_CLEAR)
+    return sum(r.get("erased_answers", 0) for r in results if r)
+
+
+async def poll(engine: Any, metrics: Any, interval: float = POLL_SECONDS) -> None:
+    """Keep the metrics' copy of the per-source counts at most ``interval`` old."""
+    while True:
+        with contextlib.suppress(Exception):  # the engine is stopping or dead: the watchdog says so
+            metrics.record_sources(await counts(engine))
+        await asyncio.sleep(interval)
+
+
+def router(settings: Settings) -> APIRouter:
+    r = APIRouter()
+    on = enabled(settings)
+
+    @r.get(ROUTE)
+    async def read(request: Request) -> Response:
+        """Per source (suffix, draft): verify steps, drafted and accepted tokens, acceptance length; the trees."""
+        if not on:
+            return openai_error(404, "The suffix mix is off: set speculative.suffix.enabled: true", "NotFoundError")
+        engine = request.app.state.engine
+        if engine is None:
+            return openai_error(503, "The engine is not ready", "ServiceUnavailableError")
+        by_source = await counts(engine) or {}
+        for c in by_source.values():
+            c["acceptance_length"] = 1 + c["accepted_tokens"] / c["steps"] if c["steps"] else None
+        steps = sum(c["steps"] for c in by_source.values())
+        return JSONResponse({"sources": by_source,
+                             "suffix_share": by_source.get("suffix", {}).get("steps", 0) / steps if steps else None,
+                             "trees": await tree_stats(engine)})
+
+    return r
