@@ -29,7 +29,8 @@ def offline_llm(target: Path, *, draft: Path | None = None, k: int = 3,
     server's do; ``schedule``: the draft's batch-size schedule of k (``[[lo, hi, k], ...]``);
     ``draft_budget``: ``speculative.draft_budget`` fields (the confidence budget);
     ``guard``: ``speculative.guard`` fields; ``draft_penalties``: ``speculative.draft_penalties``;
-    ``suffix``: ``speculative.suffix`` fields (the suffix-tree mix); ``confidence_log``: a file to which the engine appends each verified draft's confidences
+    ``suffix``: ``speculative.suffix`` fields (the suffix-tree mix);
+    ``confidence_log``: a file to which the engine appends each verified draft's confidences
     (``draft_admission``); ``speculative_extra``: ``speculative.extra`` (other speculative_config
     fields); ``extra``: other engine settings (typed fields) or ``engine.extra`` fields."""
     engine = {"model": str(target), "dtype": dtype, "kv_cache_memory_bytes": kv_cache_bytes, "enforce_eager": True,

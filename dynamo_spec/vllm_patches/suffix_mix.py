@@ -203,8 +203,8 @@ class Trees:
         batch = runner.input_batch
         for req_id in finished:
             index = batch.req_id_to_index.get(req_id)
-            if index is not None and req_id in self.active and req_id not in self.aborted:
-                self._feed(runner, req_id, index)
+            if index is not None and req_id not in self.aborted:
+                self._feed(runner, req_id, index)  # also one that ran only k=0 steps (never drafted)
             self._stop(req_id)
         self.seconds += time.perf_counter() - started
 
