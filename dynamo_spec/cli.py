@@ -98,6 +98,15 @@ def cmd_config(args: argparse.Namespace) -> int:
     applied, why_schedule = schedule.for_engine(loaded.settings, dtype)
     if why_schedule:
         resolved[schedule.FIELD] = (schedule.as_lists(applied), why_schedule)
+    spec = loaded.settings.speculative
+    if spec.enabled and spec.suffix.enabled:
+        from dynamo_spec.vllm_patches.suffix_mix import memory_bound
+
+        per_tenant = spec.suffix.scope == "tenant" and loaded.settings.metrics.tenant_header
+        trees = loaded.settings.metrics.max_tenants + 1 if per_tenant else 1
+        resolved["speculative.suffix.max_cached_requests"] = (
+            spec.suffix.max_cached_requests,
+            memory_bound(spec.suffix.max_cached_requests, trees, loaded.settings.engine.max_model_len or 2048))
     path, path_lines = _engine_path(loaded.settings)
     if args.json:
         out = []

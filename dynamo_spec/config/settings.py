@@ -260,7 +260,8 @@ class SuffixSettings(_Section):
     max_tokens: int = Field(16, ge=1, le=MAX_SUFFIX_TOKENS, description="The tree's longest draft (tokens).")
     min_score: float = Field(2.0, ge=0, description="The tree's score (its expected accepted tokens) at which its "
                              "draft replaces the EAGLE-3 draft.")
-    max_cached_requests: int = Field(10000, ge=1, description="Finished answers kept per tree; the oldest evicted first.")
+    max_cached_requests: int = Field(2000, ge=1, description="Finished answers kept per tree, the oldest evicted first "
+                                     "(~34 kB an answer of 160 tokens: `dynamo-spec config` shows the bound).")
     scope: Literal["tenant", "global"] = Field(
         "tenant", description="tenant: one tree per tenant of metrics.tenant_header (requests without the header "
         "share one); global: one tree for all.")

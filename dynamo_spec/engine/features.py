@@ -97,8 +97,8 @@ LEARNING_AUTO = Feature("automatic learn cycle", "learning.auto", lambda s: s.le
                         needs_v1_runner=True)  # dynamo_spec/learning/auto.py
 SUFFIX_MIX = Feature("suffix-tree drafts mixed with the draft's", "speculative.suffix",
                      lambda s: _on(s, lambda spec: spec.suffix.enabled),
-                     "the V1 runner's take_draft_token_ids (a tree draft replaces the EAGLE-3 draft per request and "
-                     "step) and Scheduler.update_draft_token_ids, which asynchronous scheduling never calls",
+                     "the V1 runner's drafts (per request and step, a sure tree draft replaces the EAGLE-3 draft), "
+                     "taken by Scheduler.update_draft_token_ids, which asynchronous scheduling never calls",
                      patches=("suffix_mix",), needs_v1_runner=True, needs_sync=True,
                      needs_package=("arctic_inference", "pip install --no-build-isolation arctic-inference==0.3.0 "
                                     "(launch/env.sh's ensure_venv does)"))  # dynamo_spec/vllm_patches/suffix_mix.py

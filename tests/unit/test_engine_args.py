@@ -34,7 +34,7 @@ def test_gpu_default_mirrors_the_dynamo_guide(repo_root):
         "worker_extension_cls": "dynamo_spec.learning.swap.DraftSwapExtension",  # the live draft swap
         # this project's switches of the engine (engine_switches): the guide's, no guard, no budget
         "additional_config": {"dynamo_spec": {"draft_penalties": True, "guard": None, "draft_budget": None,
-                                              "draft_confidence": False}},
+                                              "suffix": None, "draft_confidence": False}},
     }
 
 
@@ -75,7 +75,7 @@ def test_cpu_default(repo_root, flags, dtype, schedule):
         "worker_extension_cls": "dynamo_spec.learning.swap.DraftSwapExtension",  # the live draft swap
         # the guard on with the settings' defaults (config/settings.py GuardSettings), no budget
         "additional_config": {"dynamo_spec": {
-            "draft_penalties": True, "draft_budget": None, "draft_confidence": False,
+            "draft_penalties": True, "draft_budget": None, "draft_confidence": False, "suffix": None,
             "guard": GuardSettings().model_dump(exclude={"enabled"})}},
     }
 

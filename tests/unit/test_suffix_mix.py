@@ -276,3 +276,12 @@ def test_confidences_of_a_tree_draft_are_the_trees_per_token_probabilities():
     drafts, confidences = [[1, 2, 3]], [[0.9, 0.8, 0.7]]
     assert trees.mix(runner, ["b"], drafts, confidences) == ["suffix"]
     assert len(confidences[0]) == len(drafts[0]) and all(0 < c <= 1 for c in confidences[0])
+
+
+def test_the_memory_bound_dynamo_spec_config_shows():
+    from dynamo_spec.vllm_patches.suffix_mix import BYTES_PER_ANSWER_TOKEN, memory_bound
+
+    line = memory_bound(2000, 21, 2048)
+    assert line.startswith("memory: 21 tree(s) x 2000 answers")
+    assert f"~{21 * 2000 * 160 * BYTES_PER_ANSWER_TOKEN / 2**20:,.0f} MiB at 160 tokens" in line
+    assert f"at most {21 * 2000 * 2048 * BYTES_PER_ANSWER_TOKEN / 2**20:,.0f} MiB" in line
