@@ -4,8 +4,9 @@ completed with the server's default (``sampling.dry``).
 vLLM's request models have no DRY fields: a top-level ``dry_multiplier`` (llama.cpp's way) is
 moved into ``vllm_xargs``, which vLLM copies into ``SamplingParams.extra_args`` where the engine's
 patch (``vllm_patches/dry.py``) reads it. A request that sets none gets the server's default when
-that is on; one that sets some gets the rest from the default. A bad value is a 400 naming the
-field; so is any DRY field on an engine that cannot apply it (``unavailable``).
+that is on; one that sets some gets the rest from the default; a field set to null gets the
+default's (as OpenAI's own fields do). A bad value is a 400 naming the field; so is any DRY field
+on an engine that cannot apply it (``unavailable``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ class DryFields:
         xargs = body.get("vllm_xargs")
         if xargs is not None and not isinstance(xargs, dict):
             return None  # vLLM refuses it
-        xargs = xargs or {}
-        top = {k: body[k] for k in dry.FIELDS if k in body}
+        # a null field means the server's default for that field, as for OpenAI's own fields
+        nulls = [k for k in dry.FIELDS if k in body and body[k] is None]
+        nulls += [k for k in dry.FIELDS if k in (xargs or {}) and xargs[k] is None]
+        xargs = {k: v for k, v in (xargs or {}).items() if not (k in dry.FIELDS and v is None)}
+        top = {k: body[k] for k in dry.FIELDS if body.get(k) is not None}
         if (both := [k for k in top if k in xargs]):
             raise DryFieldError(both[0], f"'{both[0]}' is set both at the top level and in 'vllm_xargs': set it once")
         own = {**{k: v for k, v in xargs.items() if k in dry.FIELDS}, **top}
@@ -54,12 +58,14 @@ class DryFields:
             raise DryFieldError(where[first] + first, f"'{where[first]}{first}' needs 'dry_multiplier' "
                                 "(DRY is off by default on this server)")
         wanted = {**dry.as_fields(self.default), **own} if (own or self.default.active) else {}
+        rest = {k: v for k, v in body.items() if k not in dry.FIELDS}
         if not wanted:
-            return None
+            if not nulls:
+                return None
+            return {**rest, "vllm_xargs": xargs} if "vllm_xargs" in body else rest
         params = dry.parse(wanted)
         if params is not None and params.active and self.unavailable:
             name = "dry_multiplier" if "dry_multiplier" in own else next(iter(own), "dry_multiplier")
             param = where.get(name, "") + name
             raise DryFieldError(param, f"'{param}': DRY is not available on this server: {self.unavailable}")
-        rest = {k: v for k, v in body.items() if k not in dry.FIELDS}
         return {**rest, "vllm_xargs": {**xargs, **wanted}}

@@ -50,3 +50,23 @@ def test_an_engine_that_cannot_apply_dry_refuses_requests_that_ask_for_it() -> N
     with pytest.raises(DryFieldError, match="not available on this server: vLLM's V2 model runner"):
         fields.rewritten({**BODY, "dry_multiplier": 0.8})
     assert dry.parse(fields.rewritten({**BODY, "dry_multiplier": 0})["vllm_xargs"]).active is False
+
+
+@pytest.mark.parametrize("field", dry.FIELDS)
+@pytest.mark.parametrize("where", ["top", "vllm_xargs"])
+def test_a_null_field_means_the_servers_default_for_it(field: str, where: str) -> None:
+    """Issue 65: {"dry_multiplier": null} was a 400 about 'dry_base', a field the request never sent."""
+    body = {**BODY, field: None} if where == "top" else {**BODY, "vllm_xargs": {field: None}}
+    on = DryFields(ON).rewritten(body)
+    assert field not in on and on["vllm_xargs"] == dry.as_fields(ON)
+    off = DryFields(OFF).rewritten(body)
+    assert field not in off and field not in off.get("vllm_xargs", {})
+    assert dry.parse(off.get("vllm_xargs", {})) is None or not dry.parse(off["vllm_xargs"]).active
+
+
+def test_a_null_field_beside_set_ones_takes_the_default_for_that_field_only() -> None:
+    out = DryFields(ON).rewritten({**BODY, "dry_multiplier": None, "dry_allowed_length": 5})
+    assert dry.parse(out["vllm_xargs"]) == dry.DryParams(0.8, allowed_length=5)
+    with pytest.raises(DryFieldError) as err:  # DRY off: a base with a null multiplier still does nothing
+        DryFields(OFF).rewritten({**BODY, "dry_multiplier": None, "dry_base": 2.0})
+    assert err.value.param == "dry_base"
