@@ -354,6 +354,16 @@ class DrySettings(_Section):
     include_prompt: bool = Field(False, description="Also count repeats of the prompt (false: only the answer's, so "
                                  "an answer may quote its prompt).")
 
+    @field_validator("sequence_breakers")
+    @classmethod
+    def _breakers_a_request_could_send(cls, value: list[str]) -> list[str]:
+        """The request path's own rule (``dry.parse``): a default no request could send is refused here."""
+        try:
+            dry.parse({"dry_multiplier": 1.0, "dry_sequence_breakers": value})
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("'dry_sequence_breakers' ", "")) from None
+        return value
+
     def params(self) -> dry.DryParams:
         return dry.DryParams(self.multiplier, self.base, self.allowed_length, self.penalty_last_n,
                              tuple(self.sequence_breakers), self.include_prompt)

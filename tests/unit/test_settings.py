@@ -194,3 +194,12 @@ def test_check_does_not_import_vllm(tmp_path, write_config):
               "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch'}))")
     result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("breakers", [[""], ["ok", ""], ["x"] * 65])
+def test_dry_sequence_breakers_a_request_could_not_send_are_refused_at_load(breakers):
+    """Issue 65: `check` passed [""], which the request path then refused for every request."""
+    from dynamo_spec.config.settings import Settings
+
+    with pytest.raises(ValueError, match="sampling.dry.sequence_breakers"):
+        Settings(engine={"model": "m"}, sampling={"dry": {"multiplier": 1.0, "sequence_breakers": breakers}})
