@@ -73,7 +73,7 @@ def engine_switches(settings: Settings) -> dict[str, Any]:
     budget_switch = BudgetConfig(
         draft_token_cost=tuple(map(tuple, budget.draft_token_cost)), min_observations=budget.min_observations,
         explore_every=budget.explore_every).to_switch() if budget.enabled else None
-    suffix = (MixConfig(**spec.suffix.model_dump(exclude={"enabled"})).to_switch()
+    suffix = (MixConfig(**spec.suffix.model_dump(exclude={"enabled"}), draft_k=spec.num_speculative_tokens).to_switch()
               if spec.enabled and spec.suffix.enabled else None)
     return {**given, PENALTIES_KEY: spec.draft_penalties, GUARD_KEY: guard, BUDGET_KEY: budget_switch, SUFFIX_KEY: suffix,
             # the budget needs the drafts' confidences, and so does a confidence log

@@ -21,7 +21,9 @@ Change, only in an engine whose switches configure it (:data:`SUFFIX_KEY`, from
    the server writes into ``vllm_xargs``, :data:`TREE_FIELD`, or one for all under scope
    ``global``); where the tree's draft for the request scores at least ``min_score`` (its expected
    number of accepted tokens), that draft (up to ``max_tokens``, and never past the model length)
-   replaces the EAGLE draft; in a step whose k is 0 nobody drafts. The ``DraftTokenIds`` carries
+   replaces the EAGLE draft; a step whose schedule gives the EAGLE draft a smaller k than its top
+   one scales the tree's longest draft alike (``MixConfig.longest``: 16 at k=4, 4 at k=1), and in a
+   step whose k is 0 nobody drafts. The ``DraftTokenIds`` carries
    each request's source (:data:`SOURCE_ATTR`) and, where the drafts carry confidences
    (``draft_confidence``), the tree's per-token probabilities in place of the draft's.
 3. ``GPUModelRunner.execute_model`` (before vLLM drops the finished requests from its batch): the
@@ -115,6 +117,16 @@ class MixConfig:
     max_cached_requests: int = 2000
     scope: str = "tenant"
     include_prompt: bool = True
+    draft_k: int = 0  # the EAGLE draft's own k (the schedule's top); 0: the tree's drafts are not scaled
+
+    def longest(self, k_step: int) -> int:
+        """The tree's longest draft in a step whose EAGLE k is ``k_step``: ``max_tokens`` scaled as the
+        batch-size schedule scales k (where verifying costs more, shorter drafts), none at k=0."""
+        if k_step <= 0:
+            return 0
+        if not self.draft_k or k_step >= self.draft_k:
+            return self.max_tokens
+        return max(k_step, -(-self.max_tokens * k_step // self.draft_k))
 
     def to_switch(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,7 +269,7 @@ class Trees:
             if name is None or not k_step:
                 continue
             num_tokens = int(batch.num_tokens_no_spec[index])
-            room = min(self.config.max_tokens, self.max_model_len - num_tokens - 1)
+            room = min(self.config.longest(k_step), self.max_model_len - num_tokens - 1)
             if room <= 0:
                 continue
             start = max(0, num_tokens - self.max_tree_depth)

@@ -57,7 +57,7 @@ def test_a_configured_schedule_is_kept_and_the_switch_carries_the_settings():
     assert kwargs["speculative_config"]["num_speculative_tokens"] == 8
     assert kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 64, 0]]
     switch = kwargs["additional_config"]["dynamo_spec"][SUFFIX_KEY]
-    assert MixConfig(**switch) == MixConfig(max_tokens=8, min_score=1.5, scope="global")
+    assert MixConfig(**switch) == MixConfig(max_tokens=8, min_score=1.5, scope="global", draft_k=4)
     assert s.speculative.longest_draft == 8
 
 
@@ -285,3 +285,16 @@ def test_the_memory_bound_dynamo_spec_config_shows():
     assert line.startswith("memory: 21 tree(s) x 2000 answers")
     assert f"~{21 * 2000 * 160 * BYTES_PER_ANSWER_TOKEN / 2**20:,.0f} MiB at 160 tokens" in line
     assert f"at most {21 * 2000 * 2048 * BYTES_PER_ANSWER_TOKEN / 2**20:,.0f} MiB" in line
+
+
+def test_the_schedule_scales_the_trees_longest_draft_as_it_scales_k():
+    config = MixConfig(max_tokens=16, draft_k=4)
+    assert [config.longest(k) for k in (0, 1, 2, 3, 4)] == [0, 4, 8, 12, 16]
+    assert MixConfig(max_tokens=3, draft_k=4).longest(1) == 1  # never below the step's own k
+    assert MixConfig(max_tokens=16).longest(1) == 16  # an engine without the draft's k: unscaled
+    trees, runner = Trees(MixConfig(min_score=0, max_tokens=16, draft_k=4), max_model_len=4096), Runner()
+    serve(trees, runner, "a", [1], ANSWER)
+    runner.add("b", [2])
+    runner.emit("b", ANSWER[:20])
+    drafts = [[1]]  # a k=1 step
+    assert trees.mix(runner, ["b"], drafts, None) == ["suffix"] and drafts == [ANSWER[20:24]]
