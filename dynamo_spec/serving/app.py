@@ -128,6 +128,8 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
 
     client = MeteredEngineClient(engine, metrics) if metrics is not None else engine
     client = capture.capturing(client, app.state.capture)  # the client itself when capture is off
+    if suffix_trees.enabled(settings):
+        client = suffix_trees.SourcesClient(client, engine)  # per-source figures on each response
     # Sets app.state.engine_client (the metered client) and vLLM's serving objects.
     await init_app_state(client, app.state, app.state.args, supported_tasks=await engine.get_supported_tasks())
     app.state.engine = engine

@@ -2,6 +2,9 @@
 the engine): which tree a request drafts from, the per-source counts on /metrics, ``GET
 /admin/suffix``, and emptying the trees (``DELETE /admin/learning/captures`` calls :func:`erase`).
 
+Each response's ``metrics.speculative_decoding`` gains ``sources``: the request's verify steps,
+drafted and accepted tokens and acceptance length per source (:class:`SourcesClient`).
+
 A request's tree is its tenant's (the value of ``metrics.tenant_header``; requests without the
 header share one), written into ``vllm_xargs`` by admission whatever the client sent there, so no
 request can draft from another tenant's answers. Past ``metrics.max_tenants`` distinct tenants a
@@ -13,7 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import threading
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -21,7 +28,16 @@ from fastapi.responses import JSONResponse
 
 from dynamo_spec.config.settings import Settings
 from dynamo_spec.serving.admission import openai_error
-from dynamo_spec.vllm_patches.suffix_mix import DEFAULT_TREE, NO_TREE, TREE_FIELD, UTILITY, WORKER_CLEAR, WORKER_STATS
+from dynamo_spec.vllm_patches.suffix_mix import (
+    DEFAULT_TREE,
+    NO_TREE,
+    REQUEST_KEY_FIELD,
+    REQUEST_UTILITY,
+    TREE_FIELD,
+    UTILITY,
+    WORKER_CLEAR,
+    WORKER_STATS,
+)
 
 POLL_SECONDS = 1.0
 ROUTE = "/admin/suffix"
@@ -71,7 +87,59 @@ class TreeNames:
             xargs = {}
         elif not isinstance(xargs, dict):
             return None
-        return {**body, "vllm_xargs": {**xargs, TREE_FIELD: self.name(headers)}}
+        return {**body, "vllm_xargs": {**xargs, TREE_FIELD: self.name(headers), REQUEST_KEY_FIELD: uuid.uuid4().hex}}
+
+
+class SourcesClient:
+    """Delegates to the engine client; on a request's final output, its per-source counts join its
+    ``metrics.speculative_decoding`` as ``sources`` (fetched once from the engine by the key
+    admission wrote into ``vllm_xargs``)."""
+
+    def __init__(self, client: Any, engine: Any):
+        self._client = client
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
+        key = (getattr(params, "extra_args", None) or {}).get(REQUEST_KEY_FIELD)
+        async for output in self._client.generate(*args, **kwargs):
+            if output.finished and isinstance(key, str):
+                with contextlib.suppress(Exception):  # the figures are an extra: never fail a request
+                    attach_sources(output, await self._engine.engine_core.call_utility_async(REQUEST_UTILITY, key))
+            yield output
+
+
+def attach_sources(output: Any, split: dict | None) -> None:
+    """Give the output's per-request stats (vLLM's ``RequestSpecDecodeMetrics``) a ``sources`` entry."""
+    if not split:
+        return
+    sources = {name: {**c, "acceptance_length": 1 + c["accepted_tokens"] / c["steps"] if c["steps"] else None}
+               for name, c in split.items()}
+    for completion in output.outputs:
+        metrics = getattr(completion, "spec_decode_metrics", None)
+        if metrics is not None:
+            completion.spec_decode_metrics = _with_sources(metrics, sources)
+
+
+def _with_sources(metrics: Any, sources: dict) -> Any:
+    return _sources_class(type(metrics))(**dataclasses.asdict(metrics), sources=sources)
+
+
+@functools.cache
+def _sources_class(base: type) -> type:
+    """vLLM's per-request stats class with a ``sources`` field its ``to_dict`` adds."""
+
+    @dataclasses.dataclass
+    class WithSources(base):  # type: ignore[misc, valid-type]
+        sources: dict = dataclasses.field(default_factory=dict)
+
+        def to_dict(self) -> dict[str, Any]:
+            return {**super().to_dict(), "sources": self.sources}
+
+    return WithSources
 
 
 async def counts(engine: Any) -> dict | None:

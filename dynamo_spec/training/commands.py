@@ -114,6 +114,9 @@ def register(subparsers) -> None:
                    help="on, off or on,off: the draft drafts under the request's penalties "
                    "(speculative.draft_penalties), or as vLLM drafts; both: acceptance with and without, "
                    "one engine each (default: on,off)")
+    e.add_argument("--suffix", type=_on_off, default=[False],
+                   help="on, off or on,off: with the suffix-tree mix (speculative.suffix at its defaults; its trees "
+                   "learn from the batch's answers as they finish), without, or each, one engine each (default: off)")
     e.add_argument("--json", type=Path, help="also write the results here")
     e.set_defaults(func=_eval_draft)
 
@@ -169,7 +172,8 @@ def _eval_draft(args: argparse.Namespace) -> int:
                             speed_max_tokens=args.speed_max_tokens,
                             temperatures=args.temperatures,
                             generation_config=args.generation_config,
-                            calibration=args.calibration, draft_penalties=tuple(args.draft_penalties))
+                            calibration=args.calibration, draft_penalties=tuple(args.draft_penalties),
+                            suffix=tuple(args.suffix))
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

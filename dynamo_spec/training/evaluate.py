@@ -126,33 +126,38 @@ def evaluate_draft(target: Path, draft: Path, prompts_path: Path, *, n: int = 10
                    speed_runs: int = 3, max_tokens: int = 128,
                    speed_max_tokens: int = 64, temperatures=(DEFAULT, 0.0),
                    generation_config: str = "auto", calibration: bool = False,
-                   draft_penalties: tuple[bool, ...] = (True,)) -> dict:
+                   draft_penalties: tuple[bool, ...] = (True,), suffix: tuple[bool, ...] = (False,)) -> dict:
     """Acceptance and degeneration for each k in ``ks`` and each of ``temperatures``
     (:data:`DEFAULT` or a temperature; all ``n`` prompts in one batch), then, when
     ``speed_runs`` > 0, tokens/s (temperature 0) without speculation and with k =
     ``speed_k``. ``generation_config``: ``auto`` applies the model's sampling defaults,
     ``vllm`` drops them (vLLM's engine option). ``calibration``: also record the draft's
     confidences and tabulate them against acceptance. ``draft_penalties``: the draft drafts under the
-    request's penalties (True), as vLLM drafts (False), or each (one engine each)."""
+    request's penalties (True), as vLLM drafts (False), or each (one engine each). ``suffix``: with
+    the suffix-tree mix (``speculative.suffix`` at its defaults; the trees learn from the batch's
+    answers as they finish), without, or each (one engine each)."""
     sources, prompts = held_out_prompts(target, prompts_path, n)
     result: dict = {"n_prompts": len(prompts), "max_tokens": max_tokens, "acceptance": [],
                     "generation_config": generation_config}
-    for k, penalized in itertools.product(ks, draft_penalties):
+    for k, penalized, mix in itertools.product(ks, draft_penalties, suffix):
         with _confidence_log(calibration) as log, \
                 offline_llm(target, draft=draft, k=k, max_num_seqs=max(len(prompts), 8),
                             per_request_spec_decode_metrics="summary", draft_penalties=penalized,
-                            confidence_log=log, generation_config=generation_config) as llm:
+                            confidence_log=log, generation_config=generation_config,
+                            suffix={"enabled": True} if mix else None) as llm:
             result["model_defaults"] = llm.model_config.get_diff_sampling_param()
             for temperature in temperatures:
                 t0 = time.monotonic()
                 start = count_lines(log) if log else 0
                 outputs = _generate(llm, prompts, max_tokens, temperature)
-                acc = {"temperature": temperature, "draft_penalties": penalized, **_measure(outputs, sources, k)}
+                acc = {"temperature": temperature, "draft_penalties": penalized, "suffix": mix,
+                       **_measure(outputs, sources, k)}
                 if log:
                     acc["calibration"] = calibrate(read_log(log, start))
                 acc["seconds"] = round(time.monotonic() - t0, 1)
                 result["acceptance"].append(acc)
-                logger.info("k=%d %s, draft-side penalties %s: %s", k, _label(temperature), "on" if penalized else "off",
+                logger.info("k=%d %s, draft-side penalties %s, suffix mix %s: %s", k, _label(temperature),
+                            "on" if penalized else "off", "on" if mix else "off",
                             {key: value for key, value in acc.items() if key != "calibration"})
     if speed_runs:
         fast = prompts[:speed_prompts]
@@ -187,24 +192,30 @@ def _on_off(acceptance: dict) -> str:
     return "on" if acceptance.get("draft_penalties", True) else "off"
 
 
+def _mix(acceptance: dict) -> str:
+    """The suffix mix of one acceptance row (rows written before the option: off)."""
+    return "on" if acceptance.get("suffix") else "off"
+
+
 def format_report(result: dict) -> str:
     defaults = result.get("model_defaults") or {}
     shown = ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "none"
     lines = [(f"held-out prompts: {result['n_prompts']}, max_tokens {result['max_tokens']}; "
               f"sampling: 'default' sets no field, a number sets the temperature (0: greedy), "
               f"seeded per prompt; the fields left out take the model's defaults: {shown}"), "",
-             "| k | sampling | draft-side penalties | mean acceptance length | acceptance rate | per position "
-             "| repeated 4-grams | looping answers | mean acceptance length, answers not looping |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| k | sampling | draft-side penalties | suffix mix | mean acceptance length | acceptance rate "
+             "| per position | repeated 4-grams | looping answers | mean acceptance length, answers not looping |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for a in result["acceptance"]:
         pos = " / ".join(f"{p:.2f}" for p in a["per_position"])
         deg, clean = a["degeneration"], a["not_looping"]
-        lines.append(f"| {a['k']} | {_label(a['temperature'])} | {_on_off(a)} | "
+        lines.append(f"| {a['k']} | {_label(a['temperature'])} | {_on_off(a)} | {_mix(a)} | "
                      f"{a['mean_acceptance_length']:.2f} | {a['acceptance_rate']:.2f} | {pos} | "
                      f"{deg['repeated_ngram_share']:.1%} | {deg['looping']} / {deg['answers']} | "
                      + (f"{clean['mean_acceptance_length']:.2f} ({clean['n']}) |" if clean["n"]
                         else "- (0) |"))
-    cols = [f"k={a['k']} {_label(a['temperature'])} ({_on_off(a)})" for a in result["acceptance"]]
+    cols = [f"k={a['k']} {_label(a['temperature'])} ({_on_off(a)}{', suffix mix' if a.get('suffix') else ''})"
+            for a in result["acceptance"]]
     if cols:
         lines += ["", "mean acceptance length (repeated 4-grams) per source:", "",
                   "| source | prompts | " + " | ".join(cols) + " |",

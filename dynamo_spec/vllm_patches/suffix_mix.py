@@ -32,7 +32,9 @@ Change, only in an engine whose switches configure it (:data:`SUFFIX_KEY`, from
    the ``SchedulerOutput`` as :data:`ABORTED_ATTR`) is evicted from its tenant's tree.
 4. ``Scheduler.update_draft_token_ids`` notes each request's draft source;
    ``Scheduler.make_spec_decoding_stats`` counts drafted and accepted tokens and verify steps per
-   source. ``EngineCore.dynamo_spec_suffix()`` (a utility method) returns those counts.
+   source, engine-wide and per request (under the key the server writes into ``vllm_xargs``,
+   :data:`REQUEST_KEY_FIELD`). ``EngineCore.dynamo_spec_suffix()`` (a utility method) returns the
+   engine's counts, ``dynamo_spec_suffix_request(key)`` a request's (once).
 5. ``dynamo_spec_suffix_clear`` / ``dynamo_spec_suffix_stats`` (worker extension methods, through
    ``collective_rpc``): empty every tree (the erase route), the trees' counts and own time.
 
@@ -53,6 +55,7 @@ drafters in one runner (its n-gram + EAGLE pull request is open).
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from collections.abc import Iterable
@@ -77,12 +80,17 @@ SUFFIX_KEY = "suffix"
 # The request field (vllm_xargs, i.e. SamplingParams.extra_args) naming its tree; the server sets it
 # from the tenant header (and overwrites a client's own).
 TREE_FIELD = "dynamo_spec_suffix_tree"
+# The request field the server sets to a key of its own: the request's per-source counts are kept
+# under it for the server to fetch once the request is done (:data:`REQUEST_UTILITY`).
+REQUEST_KEY_FIELD = "dynamo_spec_request"
 DEFAULT_TREE = ""
 NO_TREE = "\x00"  # a tenant past the server's bound: no shared tree, the EAGLE-3 draft alone
 SOURCES = ("suffix", "draft")
 SOURCE_ATTR = "draft_source"  # on DraftTokenIds: one source per request
 ABORTED_ATTR = "dynamo_spec_aborted"  # on SchedulerOutput: requests aborted since the last step
 UTILITY = "dynamo_spec_suffix"
+REQUEST_UTILITY = "dynamo_spec_suffix_request"
+KEPT_REQUESTS = 4096  # per-request counts kept for the server to fetch, the oldest dropped first
 WORKER_CLEAR = "dynamo_spec_suffix_clear"
 WORKER_STATS = "dynamo_spec_suffix_stats"
 
@@ -91,6 +99,7 @@ _TREES_ATTR = "_dynamo_spec_suffix_trees"  # on a model runner
 _COUNTS_ATTR = "_dynamo_spec_suffix_counts"  # on a scheduler
 _ABORTED_ATTR = "_dynamo_spec_suffix_aborted"  # on a scheduler
 _SOURCE_REQ_ATTR = "_dynamo_spec_draft_source"  # on a Request
+_SPLIT_ATTR = "_dynamo_spec_suffix_split"  # on a scheduler: request key -> per-source counts
 
 
 # A cached answer's memory in a tree, per token: measured by benchmarks/suffix_tree_cost.py (10,000
@@ -389,11 +398,22 @@ def _counted_by_source(original):
         counts = _counts(self)
         if counts is not None and num_draft_tokens:
             request = self.requests.get(request_id)
-            source = counts[getattr(request, _SOURCE_REQ_ATTR, "draft")]
+            name = getattr(request, _SOURCE_REQ_ATTR, "draft")
             invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
-            source["steps"] += 1
-            source["draft_tokens"] += num_draft_tokens - invalid
-            source["accepted_tokens"] += num_accepted_tokens
+            targets = [counts[name]]
+            params = getattr(request, "sampling_params", None)
+            key = (getattr(params, "extra_args", None) or {}).get(REQUEST_KEY_FIELD)
+            if isinstance(key, str):
+                split = self.__dict__.setdefault(_SPLIT_ATTR, collections.OrderedDict())
+                if key not in split:
+                    split[key] = {s: {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for s in SOURCES}
+                    while len(split) > KEPT_REQUESTS:
+                        split.popitem(last=False)
+                targets.append(split[key][name])
+            for source in targets:
+                source["steps"] += 1
+                source["draft_tokens"] += num_draft_tokens - invalid
+                source["accepted_tokens"] += num_accepted_tokens
         return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                         num_invalid_spec_tokens, request_id)
 
@@ -436,6 +456,13 @@ def _utility(self) -> dict | None:
     return None if counts is None else {s: dict(c) for s, c in counts.items()}
 
 
+def _request_utility(self, key: str) -> dict | None:
+    """EngineCore utility: the per-source counts of the request the server keyed ``key`` (once: they
+    are dropped as they are read); None if it drafted nothing or is unknown."""
+    split = self.scheduler.__dict__.get(_SPLIT_ATTR)
+    return split.pop(key, None) if split else None
+
+
 def apply() -> list[str]:
     """Install the mix in this process (idempotent); return what was patched."""
     if not checked(__name__, CHECKED_ON):
@@ -457,4 +484,7 @@ def apply() -> list[str]:
     if UTILITY not in EngineCore.__dict__:
         EngineCore.dynamo_spec_suffix = _utility
         patched.append(f"EngineCore.{UTILITY}")
+    if REQUEST_UTILITY not in EngineCore.__dict__:
+        EngineCore.dynamo_spec_suffix_request = _request_utility
+        patched.append(f"EngineCore.{REQUEST_UTILITY}")
     return patched

@@ -129,7 +129,18 @@ def test_eval_draft_compares_drafting_with_and_without_the_penalties(penalised_m
     assert off["drafts"] == 2 * 19
     assert off["mean_acceptance_length"] == pytest.approx(1 + 5 / 19)
     assert off["acceptance_rate"] == pytest.approx(5 / 57)
-    assert "| 3 | 0 | on | 4.00 | 1.00 |" in result.stdout and "| 3 | 0 | off | 1.26 | 0.09 |" in result.stdout
+    assert "| 3 | 0 | on | off | 4.00 | 1.00 |" in result.stdout and "| 3 | 0 | off | off | 1.26 | 0.09 |" in result.stdout
+
+
+def test_eval_draft_takes_the_suffix_mix_as_a_column(tiny_models, tmp_path):
+    """The fixed target answers token 0 forever and the never-draft is never accepted: alone it accepts
+    nothing; with the suffix mix the answer's own repetition is drafted by the tree, long and accepted."""
+    result, report = eval_draft_on_two_prompts(tmp_path, tiny_models["fixed_target"], tiny_models["never_draft"],
+                                               "--max-tokens", "49", "--draft-penalties", "on", "--suffix", "on,off")
+    on, off = (next(a for a in report["acceptance"] if a["suffix"] is v) for v in (True, False))
+    assert off["mean_acceptance_length"] == 1.0
+    assert on["mean_acceptance_length"] > 3, on
+    assert "| 3 | 0 | on | on |" in result.stdout and "| 3 | 0 | on | off | 1.00 |" in result.stdout
 
 
 def test_calibration_records_each_verified_draft_with_the_drafts_own_probabilities(tiny_models, tmp_path):

@@ -61,6 +61,11 @@ def test_a_tenant_drafts_from_its_own_answers_only(server, client):
     spoofed_text, spoofed = ask(client, prompt, "initech", vllm_xargs={"dynamo_spec_suffix_tree": "acme"})
     assert first_text == again_text == other_text == spoofed_text  # greedy: the tree changes no output
     assert again["mean_acceptance_length"] > 4, again
+    # each response splits its figures by source, and the split adds up to them
+    split = again["sources"]
+    assert split["suffix"]["steps"] > 0 and split["suffix"]["accepted_tokens"] > split["draft"]["accepted_tokens"]
+    assert sum(s["steps"] for s in split.values()) == again["num_spec_steps"]
+    assert sum(s["accepted_tokens"] for s in split.values()) == again["num_accepted_draft_tokens"]
     for stats in (first, other, spoofed):
         assert stats["mean_acceptance_length"] < again["mean_acceptance_length"] / 2, (stats, again)
     body = admin(server)

@@ -19,7 +19,15 @@ from dynamo_spec.engine import features
 from dynamo_spec.engine.args import engine_kwargs
 from dynamo_spec.engine.paths import EnginePath
 from dynamo_spec.serving.suffix_trees import TreeNames
-from dynamo_spec.vllm_patches.suffix_mix import DEFAULT_TREE, NO_TREE, SUFFIX_KEY, TREE_FIELD, MixConfig, Trees
+from dynamo_spec.vllm_patches.suffix_mix import (
+    DEFAULT_TREE,
+    NO_TREE,
+    REQUEST_KEY_FIELD,
+    SUFFIX_KEY,
+    TREE_FIELD,
+    MixConfig,
+    Trees,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -103,11 +111,12 @@ def test_arctic_inferences_vllm_plugin_stays_off():
 
 def test_a_request_drafts_from_its_tenants_tree_whatever_it_sends():
     names = TreeNames("X-Tenant", per_tenant=True, max_trees=2)
-    spoofed = {"model": "m", "vllm_xargs": {TREE_FIELD: "acme", "max_draft_tokens": 2}}
-    assert names.merged(spoofed, [(b"x-tenant", b"globex")])["vllm_xargs"] == {TREE_FIELD: "globex",
-                                                                              "max_draft_tokens": 2}
+    spoofed = {"model": "m", "vllm_xargs": {TREE_FIELD: "acme", "max_draft_tokens": 2, REQUEST_KEY_FIELD: "k"}}
+    xargs = names.merged(spoofed, [(b"x-tenant", b"globex")])["vllm_xargs"]
+    assert xargs[TREE_FIELD] == "globex" and xargs["max_draft_tokens"] == 2
+    assert len(xargs[REQUEST_KEY_FIELD]) == 32 and xargs[REQUEST_KEY_FIELD] != "k"  # the server's own key
     assert names.merged(spoofed, [])["vllm_xargs"][TREE_FIELD] == DEFAULT_TREE
-    assert names.merged({"model": "m"}, [(b"x-tenant", b"acme")])["vllm_xargs"] == {TREE_FIELD: "acme"}
+    assert names.merged({"model": "m"}, [(b"x-tenant", b"acme")])["vllm_xargs"][TREE_FIELD] == "acme"
     # past max_trees tenants, a new tenant gets no shared tree (not another's, not the default one)
     assert names.name([(b"x-tenant", b"initech")]) == NO_TREE
     assert names.name([(b"x-tenant", b"acme")]) == "acme"
@@ -298,3 +307,21 @@ def test_the_schedule_scales_the_trees_longest_draft_as_it_scales_k():
     runner.emit("b", ANSWER[:20])
     drafts = [[1]]  # a k=1 step
     assert trees.mix(runner, ["b"], drafts, None) == ["suffix"] and drafts == [ANSWER[20:24]]
+
+
+def test_a_responses_stats_gain_the_requests_split_by_source():
+    from vllm.entrypoints.generate.base.serving import build_spec_decoding_metrics
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    from dynamo_spec.serving.suffix_trees import attach_sources
+
+    stats = RequestSpecDecodeMetrics.new(16)
+    stats.observe(num_draft_tokens=10, num_accepted=8)
+    stats.observe(num_draft_tokens=3, num_accepted=1)
+    output = SimpleNamespace(outputs=[SimpleNamespace(spec_decode_metrics=stats)])
+    attach_sources(output, {"suffix": {"steps": 1, "draft_tokens": 10, "accepted_tokens": 8},
+                            "draft": {"steps": 1, "draft_tokens": 3, "accepted_tokens": 1}})
+    body = build_spec_decoding_metrics(output).model_dump()  # what vLLM's OpenAI layer puts in the response
+    assert body["mean_acceptance_length"] == 1 + 9 / 2 and body["num_draft_tokens"] == 13
+    assert body["sources"]["suffix"] == {"steps": 1, "draft_tokens": 10, "accepted_tokens": 8, "acceptance_length": 9.0}
+    assert body["sources"]["draft"]["acceptance_length"] == 2.0
