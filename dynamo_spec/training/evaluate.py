@@ -50,6 +50,8 @@ def held_out_prompts(target: Path, prompts_path: Path, n: int) -> tuple[list[str
 
 
 def acceptance(outputs, k: int) -> dict:
+    """Pooled over ``outputs``; the histogram as long as vLLM's (its k: longer than ``k`` with the
+    suffix mix, whose tree drafts up to ``speculative.suffix.max_tokens``)."""
     hist = [0] * (k + 1)
     drafted = 0
     for out in outputs:
@@ -57,7 +59,9 @@ def acceptance(outputs, k: int) -> dict:
         if m is None:
             continue
         d = m.to_dict()
-        hist = [a + b for a, b in zip(hist, d["acceptance_histogram"])]
+        theirs = d["acceptance_histogram"]
+        hist += [0] * (len(theirs) - len(hist))
+        hist = [a + b for a, b in zip(hist, theirs + [0] * (len(hist) - len(theirs)))]
         drafted += d["num_draft_tokens"]
     steps = sum(hist)
     accepted = sum(j * c for j, c in enumerate(hist))

@@ -73,10 +73,10 @@ def test_eval_draft_reports_the_known_acceptance(tiny_models, tmp_path):
     assert report["model_defaults"] == {}
     default = {a["k"]: a for a in report["acceptance"] if a["temperature"] == "default" and a["draft_penalties"]}
     assert all(default[k]["acceptance_rate"] < 0.05 for k in (1, 3))
-    assert "| 3 | 0.8 | on |" in result.stdout and "| 3 | default | on |" in result.stdout
+    assert "| 3 | 0.8 | on | off |" in result.stdout and "| 3 | default | on | off |" in result.stdout
     for key in ("speed_no_spec", "speed_spec"):
         assert report[key]["batch1_tok_s"] > 0 and report[key]["batch8_tok_s"] > 0
-    assert "| 3 | 0 | on | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 | 96.7% | 3 / 3 | - (0) |" in result.stdout
+    assert "| 3 | 0 | on | off | 4.00 | 1.00 | 1.00 / 1.00 / 1.00 | 96.7% | 3 / 3 | - (0) |" in result.stdout
     assert "| b | 2 | 2.00 (97%) |" in result.stdout and "| 4.00 (97%) |" in result.stdout
 
 

@@ -37,7 +37,7 @@ def test_the_switches_come_from_the_settings_as_plain_json():
     assert on["guard"] == {**GuardSettings().model_dump(exclude={"enabled"}), "window_draft_tokens": 60}
     assert on["draft_budget"]["draft_token_cost"] == [[1, 0.2]]
     assert engine_switches(settings()) == {"draft_penalties": True, "guard": None, "draft_budget": None,
-                                           "draft_confidence": False}
+                                           "suffix": None, "draft_confidence": False}
 
 
 def test_a_users_additional_config_is_kept_beside_the_switches():
