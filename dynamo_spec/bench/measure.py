@@ -13,7 +13,7 @@ from tqdm import tqdm
 from dynamo_spec.bench.load import CellResult, run_cell
 from dynamo_spec.bench.options import BenchOptions
 from dynamo_spec.bench.summary import counter_delta, summarize_rounds
-from dynamo_spec.serving.budget_monitor import POLL_SECONDS as BUDGET_POLL_SECONDS
+from dynamo_spec.serving.metering import POLL_SECONDS as BUDGET_POLL_SECONDS
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens": "accepted",

@@ -74,6 +74,9 @@ class ServerSettings(_Section):
     served_model_name: str | None = Field(None, description="Model name clients send; defaults to engine.model.")
     api_key: SecretStr | None = Field(None, description="If set, /v1/* requires 'Authorization: Bearer <key>'.")
     metrics_require_api_key: bool = Field(False, description="Also require the API key on /metrics.")
+    admin_api_key: SecretStr | None = Field(
+        None, description="If set, /admin/* requires 'Authorization: Bearer <this key>' and refuses api_key (the users' "
+        "key): who may swap the draft, erase captures and trees, pin the guard. Unset: /admin takes api_key.")
     shutdown_grace_seconds: float = Field(
         30.0, ge=0, description="On SIGTERM: how long in-flight requests may take to finish (new ones get 503). "
         "Match Kubernetes' terminationGracePeriodSeconds.",

@@ -67,7 +67,7 @@ def child_config(settings: Settings) -> str:
     against its folder) are made absolute against the working directory, as the server read them."""
     from dynamo_spec.config.loader import resolve_relative_paths
 
-    data = settings.model_dump(mode="json", exclude={"server": {"api_key"}})
+    data = settings.model_dump(mode="json", exclude={"server": {"api_key", "admin_api_key"}})
     return "# learning.auto: the server's settings for one learn cycle (removed when it ends)\n" + yaml.safe_dump(
         resolve_relative_paths(data, Path.cwd()), sort_keys=False)
 

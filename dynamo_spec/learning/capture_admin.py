@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from dynamo_spec.learning import captures
 from dynamo_spec.learning.capture import Capture, running
+from dynamo_spec.serving import suffix_trees
 
 ROUTE = "/admin/learning/captures"
 
@@ -38,8 +39,6 @@ def router(root: str, capture: Capture | None) -> APIRouter:
     async def erase(request: Request) -> JSONResponse:
         """Erase every capture (those still buffered too), and empty the suffix mix's trees (the served
         answers they hold in the engine's memory); answers what was erased."""
-        from dynamo_spec.serving import suffix_trees
-
         erased = await asyncio.to_thread(capture.erase if capture is not None else lambda: captures.erase(root))
         body = {"erased": erased, "capture": capture is not None}
         if (answers := await suffix_trees.erase(request.app.state)) is not None:

@@ -52,6 +52,7 @@ from typing import Any
 
 from dynamo_spec.config import eagle3_format
 from dynamo_spec.config.problems import Problem
+from dynamo_spec.vllm_patches import suffix_mix
 
 logger = logging.getLogger("dynamo_spec.learning.swap")
 
@@ -161,14 +162,10 @@ class DraftSwapExtension:
 
     # The suffix mix's trees live beside the draft in the worker (dynamo_spec/vllm_patches/suffix_mix.py).
     def dynamo_spec_suffix_clear(self) -> dict[str, Any]:
-        from dynamo_spec.vllm_patches.suffix_mix import clear_worker_trees
-
-        return clear_worker_trees(self)
+        return suffix_mix.clear_worker_trees(self)
 
     def dynamo_spec_suffix_stats(self) -> dict[str, Any] | None:
-        from dynamo_spec.vllm_patches.suffix_mix import worker_tree_stats
-
-        return worker_tree_stats(self)
+        return suffix_mix.worker_tree_stats(self)
 
 
 def _refused(problem: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ mounted at the same place everywhere).
 
 Replicas: ``--url`` each, and/or ``--service URL`` whose host name resolves to every replica's
 address (a Kubernetes headless Service: one address per ready pod). The API key: the
-``DYNAMO_SPEC_SERVER__API_KEY`` environment variable, or ``server.api_key`` of ``--config``;
+``DYNAMO_SPEC_SERVER__ADMIN_API_KEY`` or ``DYNAMO_SPEC_SERVER__API_KEY`` environment variable, or
+``server.admin_api_key`` / ``server.api_key`` of ``--config``;
 never a command-line argument. Progress goes to stderr; the last stdout line is one JSON object.
 Exit 0: every replica serves the draft; 1: a replica refused it or could not be reached; 2: bad
 input (no replica, no draft to swap to), one line.
@@ -31,6 +32,7 @@ from dynamo_spec.config.settings import ENV_DELIMITER, ENV_PREFIX
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 API_KEY_ENV = f"{ENV_PREFIX}SERVER{ENV_DELIMITER}API_KEY"
+ADMIN_KEY_ENV = f"{ENV_PREFIX}SERVER{ENV_DELIMITER}ADMIN_API_KEY"
 ROUTE = "/admin/draft"
 
 
@@ -104,9 +106,10 @@ def swap_draft(args: argparse.Namespace) -> int:
     if args.overrides and not args.config:
         return bad(f"unrecognized arguments: {' '.join(args.overrides)} (overrides need --config)")
     settings = load_settings(args.config, args.overrides).settings if args.config else None  # ConfigError: exit 2
-    api_key = os.environ.get(API_KEY_ENV) or None
-    if api_key is None and settings is not None and settings.server.api_key is not None:
-        api_key = settings.server.api_key.get_secret_value()
+    api_key = os.environ.get(ADMIN_KEY_ENV) or os.environ.get(API_KEY_ENV) or None
+    if api_key is None and settings is not None:  # /admin takes the admin key where one is set
+        key = settings.server.admin_api_key or settings.server.api_key
+        api_key = key.get_secret_value() if key is not None else None
     try:
         if args.path:
             path = os.path.abspath(os.path.expanduser(args.path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from dynamo_spec.serving.draft_caps import TenantDraftCaps
 from dynamo_spec.serving.draft_caps import unavailable as draft_caps_unavailable
 from dynamo_spec.serving.dry_fields import DryFields
 from dynamo_spec.serving.lifecycle import Lifecycle, Phase
-from dynamo_spec.serving.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats
+from dynamo_spec.serving.metering import HTTPMetricsMiddleware, MeteredEngineClient, log_stats, poll
 from dynamo_spec.serving.metrics import DynamoSpecMetrics
 
 logger = logging.getLogger("dynamo_spec.serving.app")
@@ -70,7 +71,8 @@ def create_app(
     attach_models(app)
     attach_completion(app)
     attach_chat(app)
-    app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=settings.server.api_key is not None,
+    keyed = settings.server.api_key is not None or settings.server.admin_api_key is not None
+    app.include_router(guard.router(enabled=guard_enabled(settings), api_key_set=keyed,
                                     metrics=metrics))
     app.include_router(budget_monitor.router(enabled=budget_enabled(settings)))
     app.include_router(suffix_trees.router(settings))  # speculative.suffix: GET /admin/suffix
@@ -112,8 +114,12 @@ def create_app(
                        tenant_caps=TenantDraftCaps.from_settings(settings),
                        caps_unavailable=draft_caps_unavailable(on_cpu()), dry=app.state.dry_fields,
                        trees=suffix_trees.TreeNames.from_settings(settings))
+    admin_key = settings.server.admin_api_key
+    if admin_key is not None:  # /admin takes its own key only: the users' key is refused there
+        app.add_middleware(ApiKeyMiddleware, tokens=[admin_key.get_secret_value()], guarded=("/admin",))
     if settings.server.api_key is not None:
-        guarded = ("/v1", "/admin", "/metrics") if settings.server.metrics_require_api_key else ("/v1", "/admin")
+        guarded = ("/v1",) if admin_key is not None else ("/v1", "/admin")
+        guarded += ("/metrics",) if settings.server.metrics_require_api_key else ()
         app.add_middleware(ApiKeyMiddleware, tokens=[settings.server.api_key.get_secret_value()], guarded=guarded)
     if metrics is not None:
         # Outermost: it also counts the 401s of the API-key check and the refusals of admission.
@@ -138,12 +144,12 @@ async def attach_engine(app: FastAPI, engine: Any, metrics: DynamoSpecMetrics | 
         asyncio.create_task(_watchdog(engine, on_engine_dead)),
         asyncio.create_task(log_stats(engine, metrics, settings.metrics.log_interval_seconds)),
     ]
-    if metrics is not None and guard_enabled(settings):
-        app.state.background.append(asyncio.create_task(guard.poll(engine, metrics)))
-    if metrics is not None and budget_enabled(settings):
-        app.state.background.append(asyncio.create_task(budget_monitor.poll(engine, metrics)))
-    if metrics is not None and suffix_trees.enabled(settings):
-        app.state.background.append(asyncio.create_task(suffix_trees.poll(engine, metrics)))
+    if metrics is not None:  # the engine-side figures /metrics shows, each read every second
+        for on, fetch, record in ((guard_enabled, guard.snapshot, metrics.record_guard),
+                                  (budget_enabled, budget_monitor.snapshot, metrics.record_budget),
+                                  (suffix_trees.enabled, suffix_trees.counts, metrics.record_sources)):
+            if on(settings):
+                app.state.background.append(asyncio.create_task(poll(functools.partial(fetch, engine), record)))
     app.state.lifecycle.set_phase(Phase.READY)
 
 

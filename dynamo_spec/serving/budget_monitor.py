@@ -2,23 +2,19 @@
 which runs in EngineCore): its counts on /metrics, its calibration on ``GET /admin/draft-budget``.
 
 The EngineCore utility method ``dynamo_spec_draft_budget`` (added by ``draft_admission``)
-returns the budget's snapshot; ``poll`` reads it every second into the metrics.
+returns the budget's snapshot; ``serving.metering.poll`` reads it every second into the metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from dynamo_spec.serving.admission import openai_error
-from dynamo_spec.serving.metrics import DynamoSpecMetrics
 from dynamo_spec.vllm_patches.draft_admission import BUDGET_UTILITY
 
-POLL_SECONDS = 1.0
 ROUTE = "/admin/draft-budget"
 
 
@@ -27,12 +23,6 @@ async def snapshot(engine: Any) -> dict | None:
     return await engine.engine_core.call_utility_async(BUDGET_UTILITY)
 
 
-async def poll(engine: Any, metrics: DynamoSpecMetrics, interval: float = POLL_SECONDS) -> None:
-    """Keep the metrics' copy of the budget's counts at most ``interval`` old."""
-    while True:
-        with contextlib.suppress(Exception):  # the engine is stopping or dead: the watchdog says so
-            metrics.record_budget(await snapshot(engine))
-        await asyncio.sleep(interval)
 
 
 def router(enabled: bool) -> APIRouter:

@@ -3,15 +3,13 @@ which runs in EngineCore): its state on /metrics, and the operator's admin route
 
 The guard lives in the engine's scheduler; the EngineCore utility method
 ``dynamo_spec_guard`` (added by ``draft_admission``) returns its snapshot and forces a
-state. ``poll`` reads it every second into the metrics; ``/admin/speculation`` reads it
+state. ``serving.metering.poll`` reads it every second into the metrics; ``/admin/speculation`` reads it
 (GET) or forces a state (POST ``{"state": "fallback" | "speculating" | "probing" | "auto"}``).
 Forcing needs ``server.api_key`` (the API-key check guards ``/admin``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -25,7 +23,6 @@ from dynamo_spec.vllm_patches.speculation_guard import AUTO, STATES
 
 logger = logging.getLogger("dynamo_spec.serving.guard")
 
-POLL_SECONDS = 1.0
 ROUTE = "/admin/speculation"
 
 
@@ -34,12 +31,6 @@ async def snapshot(engine: Any, state: str = "") -> dict | None:
     return await engine.engine_core.call_utility_async(GUARD_UTILITY, state)
 
 
-async def poll(engine: Any, metrics: DynamoSpecMetrics, interval: float = POLL_SECONDS) -> None:
-    """Keep the metrics' copy of the guard's state at most ``interval`` old."""
-    while True:
-        with contextlib.suppress(Exception):  # the engine is stopping or dead: the watchdog says so
-            metrics.record_guard(await snapshot(engine))
-        await asyncio.sleep(interval)
 
 
 def router(enabled: bool, api_key_set: bool, metrics: DynamoSpecMetrics | None) -> APIRouter:

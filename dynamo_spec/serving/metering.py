@@ -6,8 +6,9 @@ stat logger that feeds the acceptance window, are in ``metrics``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -78,6 +79,18 @@ class MeteredEngineClient:
             itl_seconds=itl,
             spec=spec,
         )
+
+
+POLL_SECONDS = 1.0
+
+
+async def poll(fetch: Callable[[], Awaitable[Any]], record: Callable[[Any], None], interval: float = POLL_SECONDS) -> None:
+    """Keep the metrics' copy of a figure the engine holds (the guard's state, the budget's counts, the
+    suffix mix's per-source counts: ``fetch``, an EngineCore utility call) at most ``interval`` old."""
+    while True:
+        with contextlib.suppress(Exception):  # the engine is stopping or dead: the watchdog says so
+            record(await fetch())
+        await asyncio.sleep(interval)
 
 
 async def log_stats(engine: Any, metrics: DynamoSpecMetrics | None, interval: float) -> None:

@@ -139,7 +139,7 @@ GUARD_STATES = ("speculating", "fallback", "probing")
 
 class _GuardCollector(Collector):
     """The speculation guard's state and transitions, as last read from the engine
-    (``dynamo_spec.serving.guard`` polls it); nothing before the first reading."""
+    (``serving.metering.poll`` reads it); nothing before the first reading."""
 
     def __init__(self, model: str):
         self.model = model
@@ -174,7 +174,7 @@ class _GuardCollector(Collector):
 
 class _BudgetCollector(Collector):
     """The confidence draft budget's counts, as last read from the engine
-    (``dynamo_spec.serving.budget_monitor`` polls them); nothing before the first reading."""
+    (``serving.metering.poll`` reads them); nothing before the first reading."""
 
     def __init__(self, model: str):
         self.model = model
@@ -200,7 +200,7 @@ class _BudgetCollector(Collector):
 
 class _SourceCollector(Collector):
     """The suffix mix's counts per draft source (suffix: the tree's drafts, draft: the EAGLE-3 draft's),
-    as last read from the engine (``dynamo_spec.serving.suffix_trees`` polls them); nothing before."""
+    as last read from the engine (``serving.metering.poll`` reads them); nothing before."""
 
     def __init__(self, model: str):
         self.model = model

@@ -14,7 +14,6 @@ the trees' memory at ``max_tenants x max_cached_requests`` answers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -39,7 +38,6 @@ from dynamo_spec.vllm_patches.suffix_mix import (
     WORKER_STATS,
 )
 
-POLL_SECONDS = 1.0
 ROUTE = "/admin/suffix"
 
 
@@ -161,12 +159,6 @@ async def erase(app_state: Any) -> int | None:
     return sum(r.get("erased_answers", 0) for r in results if r)
 
 
-async def poll(engine: Any, metrics: Any, interval: float = POLL_SECONDS) -> None:
-    """Keep the metrics' copy of the per-source counts at most ``interval`` old."""
-    while True:
-        with contextlib.suppress(Exception):  # the engine is stopping or dead: the watchdog says so
-            metrics.record_sources(await counts(engine))
-        await asyncio.sleep(interval)
 
 
 def router(settings: Settings) -> APIRouter:

@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from dynamo_spec.serving.budget_monitor import POLL_SECONDS
+from dynamo_spec.serving.metering import POLL_SECONDS
 from support.server_process import ServerProcess, tiny_config
 
 pytestmark = pytest.mark.integration
