@@ -424,9 +424,7 @@ def _counted_by_source(original):
 def _finish_requests_noting_aborts(original):
     @functools.wraps(original)
     def finish_requests(self, request_ids, finished_status):
-        from vllm.v1.request import RequestStatus
-
-        if finished_status == RequestStatus.FINISHED_ABORTED and request_ids and _counts(self) is not None:
+        if request_ids and _counts(self) is not None and finished_status == _aborted_status():
             ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
             self.__dict__.setdefault(_ABORTED_ATTR, set()).update(ids)
             request_ids = ids
@@ -434,6 +432,13 @@ def _finish_requests_noting_aborts(original):
 
     setattr(finish_requests, _PATCHED_ATTR, True)
     return finish_requests
+
+
+@functools.cache
+def _aborted_status():
+    from vllm.v1.request import RequestStatus
+
+    return RequestStatus.FINISHED_ABORTED
 
 
 def _schedule_carrying_aborts(original):

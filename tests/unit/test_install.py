@@ -272,3 +272,11 @@ def test_image_has_a_c_compiler_for_triton_and_inductor():
     assert "g++" in installed, "torch inductor (a compiled CPU engine) builds its kernels with g++"
     assert "python:3" in final_stage()[0] and "alpine" not in final_stage()[0]  # glibc, Python headers included
 
+
+
+def test_image_builds_the_suffix_tree_as_ensure_venv_does():
+    """speculative.suffix in the image: arctic-inference against the image's torch, versions from launch/env.sh."""
+    steps = " ".join(final_stage())
+    assert "--no-build-isolation \"arctic-inference==$ai\"" in steps
+    assert "s/^ARCTIC_INFERENCE=//p' launch/env.sh" in steps and "\"nanobind==$nb\"" in steps
+    assert "-DPython_EXECUTABLE=" in steps
